@@ -1,0 +1,75 @@
+"""Plain data that crosses the boundaries between transforms, the model and the serving graph.
+
+Everything here is numpy + builtins so it travels over Ray (and msgpack) without torch.
+Shapes: B = batch rows (one row per session), T = frames, H/W = pixels, D = padded dims.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: why a session (re)started; reported per session in every response
+RESTART_REASONS = (
+    "new_session",  # never seen on this replica (first call, or it lived on a replica that died / scaled away)
+    "reset_requested",  # reset_mask[i] was true, or an explicit reset
+    "prompt_changed",  # the instruction differs from the session's cached one
+    "single_frame",  # a 1-frame input after the first call (reference servers restart on it)
+    "window_full",  # current_start_frame reached the attention window (after 4 chunks on DROID)
+    "step_mismatch",  # the client sent expected_step != the step this replica holds
+    "evicted",  # the session was evicted (LRU/TTL) since its last call
+)
+
+
+@dataclass
+class ModelBatch:
+    """Normalised model inputs for B sessions: what the Policy deployment / pipeline consumes.
+
+    This is exactly the "normalised form" RLinf sends, plus routing/session fields.
+    """
+
+    images: np.ndarray  # uint8 [B, T, H, W, 3]: the stitched canvas, T in {1, 4} (T=4 stacks; 1 = single frame)
+    state: np.ndarray  # float32 [B, 1, max_state_dim]: q99-normalised, zero padded
+    state_mask: np.ndarray  # bool [B, 1, max_state_dim]
+    prompts: list[str]  # B formatted prompts (template already applied)
+    session_ids: list[str]  # B unique, non-empty
+    negative_prompts: list[str] | None = None  # B strings; None -> the embodiment's/model default negative prompt
+    reset_mask: list[bool] | None = None  # B bools; None -> all False
+    expected_steps: list[int | None] | None = None  # per row: the step count the client believes the session is at
+    seeds: list[int] | None = None  # per row noise seed; None -> 1140 (every reference client's seed)
+    embodiment_id: list[int] | None = None  # accepted for wire compatibility; ignored by the DiT (forced to 0)
+
+    def __len__(self) -> int:
+        return len(self.session_ids)
+
+
+@dataclass
+class SessionReport:
+    """Per-session continuity report, returned for every row of every response."""
+
+    session_id: str
+    step: int  # number of chunks this session has produced on this replica, including this one (1 after a restart)
+    restarted: bool  # True if the state was (re)started for this call
+    restart_reason: str | None  # one of RESTART_REASONS when restarted, else None
+    frame_position: int  # current_start_frame after this call (latent frames)
+
+    def to_dict(self) -> dict:
+        return {
+            "session_id": self.session_id,
+            "step": self.step,
+            "restarted": self.restarted,
+            "restart_reason": self.restart_reason,
+            "frame_position": self.frame_position,
+        }
+
+
+@dataclass
+class ChunkResult:
+    """Output of one pipeline call for a batch."""
+
+    actions: np.ndarray  # float32 [B, action_horizon, max_action_dim=32], normalised, padded
+    sessions: list[SessionReport]
+    video_latents: np.ndarray | None = None  # float32 [B, z, 2, h, w] predicted latents (None unless requested)
+    timings_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"text": .., "vae": .., "prefill": .., "denoise": ..}
+    dit_steps: int = 0  # DiT forward steps actually run (after static mask / dynamic skipping)
