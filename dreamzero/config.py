@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import types
+import typing
 from dataclasses import dataclass, field
 
 from dreamzero.errors import ConfigError
@@ -84,6 +86,7 @@ class ImageEncoderConfig:
     num_attention_heads: int = 16
     image_size: int = 224
     patch_size: int = 14
+    projection_dim: int = 1024  # width of the (unused) contrastive head kept in the checkpoint
 
 
 @dataclass
@@ -96,6 +99,7 @@ class VAEConfig:
     dim_mult: tuple[int, ...] = (1, 2, 4, 4)
     num_res_blocks: int = 2
     temporal_downsample: tuple[bool, ...] = (False, True, True)
+    decoder_base_dim: int | None = None  # Wan 2.2 decodes from a wider base (256); None = base_dim
 
 
 @dataclass
@@ -114,7 +118,7 @@ class PipelineConfig:
     dynamic_skip_thresholds: tuple[tuple[float, int], ...] = ((0.95, 4), (0.93, 2))  # (cos sim >, steps to skip)
     default_seed: int = 1140
     num_frames: int = 33  # frames of the conditioning window (8 * max_chunk_size + 1)
-    model_input_hw: tuple[int, int] | None = None  # in-model bilinear resize of the canvas (5B: 160x320); None = as sent
+    model_input_hw: tuple[int, int] | None = None  # in-model bilinear resize of the input (5B: 160x320); None: as sent
 
 
 @dataclass
@@ -146,7 +150,7 @@ def _libero_5b() -> DreamZeroConfig:
             num_layers=30, concat_first_frame_latent=False, num_action_per_block=16,
         ),
         image_encoder=None,
-        vae=VAEConfig(kind="wan2.2", base_dim=160, z_dim=48, dim_mult=(1, 2, 4, 4)),
+        vae=VAEConfig(kind="wan2.2", base_dim=160, z_dim=48, dim_mult=(1, 2, 4, 4), decoder_base_dim=256),
         pipeline=PipelineConfig(model_input_hw=(160, 320)),
         action_horizon=16,
         embodiment_tag="libero_sim",
@@ -163,7 +167,7 @@ def _tiny() -> DreamZeroConfig:
         ),
         text_encoder=TextEncoderConfig(vocab_size=384, d_model=32, d_ff=64, num_heads=2, d_kv=16, num_layers=2),
         image_encoder=ImageEncoderConfig(
-            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2
+            hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, projection_dim=16
         ),
         vae=VAEConfig(base_dim=8, z_dim=16, num_res_blocks=1),
         pipeline=PipelineConfig(model_input_hw=(64, 128)),
@@ -180,3 +184,140 @@ def preset(name: str) -> DreamZeroConfig:
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}.{hint}")
     return PRESETS[name]()
+
+
+# -- release config.json <-> DreamZeroConfig ------------------------------------------------------------------------
+
+_HEAD = "action_head_cfg.config"
+
+
+def _coerce(value, tp, where: str):
+    """Convert a JSON value to the dataclass field type `tp`, or fail naming the field."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        return _coerce(value, next(a for a in args if a is not type(None)), where)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where} must be a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{where} must have {len(args)} entries, got {len(value)}")
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }
+    if tp in ok:
+        if not ok[tp]:
+            raise ConfigError(f"{where} must be {tp.__name__}, got {value!r}")
+        return tp(value)
+    raise ConfigError(f"{where}: unsupported field type {tp}")
+
+
+def _overlay(base, source: dict | None, where: str):
+    """A copy of dataclass `base` with every key of `source` that names one of its fields (unknown keys ignored:
+    upstream configs also carry `_target_`, pretrained paths and training-only knobs)."""
+    if source is None:
+        return base
+    if not isinstance(source, dict):
+        raise ConfigError(f"{where} must be an object, got {type(source).__name__}")
+    hints = typing.get_type_hints(type(base))
+    changes = {
+        f.name: _coerce(source[f.name], hints[f.name], f"{where}.{f.name}")
+        for f in dataclasses.fields(base)
+        if f.name in source
+    }
+    return dataclasses.replace(base, **changes)
+
+
+def _guess_vae_kind(vae_cfg: dict | None, dit: DiTConfig) -> str:
+    if isinstance(vae_cfg, dict) and isinstance(vae_cfg.get("kind"), str):
+        return vae_cfg["kind"]
+    text = " ".join(str(v) for v in (vae_cfg or {}).values()).lower()
+    if "2.2" in text or "2_2" in text or dit.out_dim == 48:
+        return "wan2.2"
+    return "wan2.1"
+
+
+def from_checkpoint_config(data: dict) -> DreamZeroConfig:
+    """Build a DreamZeroConfig from a release `config.json` (already parsed).
+
+    Reads `action_head_cfg.config.diffusion_model_cfg` (the DiT constructor kwargs), the head-level
+    `num_frames` / `num_frame_per_block` / `max_state_dim` / `max_action_dim`, `action_horizon`, and the encoder
+    sub-configs when they name our fields; anything absent comes from the matching preset (`droid_14b` for i2v,
+    `libero_5b` for ti2v). A `dreamzero` block (written by `save_model`) restores name, embodiment and pipeline knobs.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"config.json must hold an object, got {type(data).__name__}")
+    head = (data.get("action_head_cfg") or {}).get("config") if isinstance(data.get("action_head_cfg"), dict) else None
+    if not isinstance(head, dict):
+        raise ConfigError(f"config.json has no {_HEAD} object; is this a DreamZero checkpoint?")
+    dmc = head.get("diffusion_model_cfg")
+    if not isinstance(dmc, dict):
+        raise ConfigError(f"config.json has no {_HEAD}.diffusion_model_cfg object")
+    model_type = dmc.get("model_type", "i2v")
+    if model_type not in ("i2v", "ti2v"):
+        raise ConfigError(f"{_HEAD}.diffusion_model_cfg.model_type must be 'i2v' or 'ti2v', got {model_type!r}")
+    base = preset("libero_5b" if model_type == "ti2v" else "droid_14b")
+
+    dit = _overlay(base.dit, dmc, f"{_HEAD}.diffusion_model_cfg")
+    head_fields = {"num_frame_per_block": "num_frame_per_block", "max_state_dim": "max_state_dim"}
+    head_fields["max_action_dim"] = "action_dim"
+    for key, name in head_fields.items():
+        if key in head:
+            dit = dataclasses.replace(dit, **{name: _coerce(head[key], int, f"{_HEAD}.{key}")})
+
+    text = _overlay(base.text_encoder, head.get("text_encoder_cfg"), f"{_HEAD}.text_encoder_cfg")
+    image = None
+    if dit.has_image_input:
+        image_base = base.image_encoder or ImageEncoderConfig()
+        image = _overlay(image_base, head.get("image_encoder_cfg"), f"{_HEAD}.image_encoder_cfg")
+    kind = _guess_vae_kind(head.get("vae_cfg"), dit)
+    vae_base = preset("libero_5b").vae if kind == "wan2.2" else preset("droid_14b").vae
+    vae = _overlay(vae_base, head.get("vae_cfg"), f"{_HEAD}.vae_cfg")
+
+    ours = data.get("dreamzero") or {}
+    if not isinstance(ours, dict):
+        raise ConfigError("config.json: dreamzero must be an object")
+    pipeline = _overlay(base.pipeline, ours.get("pipeline"), "dreamzero.pipeline")
+    if "num_frames" in head:
+        pipeline = dataclasses.replace(pipeline, num_frames=_coerce(head["num_frames"], int, f"{_HEAD}.num_frames"))
+    horizon = _coerce(data.get("action_horizon", dit.num_action_per_block), int, "action_horizon")
+    return DreamZeroConfig(
+        name=_coerce(ours.get("name", "checkpoint"), str, "dreamzero.name"),
+        dit=dit,
+        text_encoder=text,
+        image_encoder=image,
+        vae=vae,
+        pipeline=pipeline,
+        action_horizon=horizon,
+        embodiment_tag=_coerce(ours.get("embodiment_tag", base.embodiment_tag), str, "dreamzero.embodiment_tag"),
+    )
+
+
+def to_checkpoint_config(cfg: DreamZeroConfig) -> dict:
+    """The release `config.json` layout for `cfg` (what `from_checkpoint_config` reads back)."""
+    asdict = dataclasses.asdict
+    return {
+        "model_type": "vla",
+        "action_horizon": cfg.action_horizon,
+        "action_dim": cfg.dit.action_dim,
+        "action_head_cfg": {
+            "config": {
+                "num_frames": cfg.pipeline.num_frames,
+                "num_frame_per_block": cfg.dit.num_frame_per_block,
+                "max_state_dim": cfg.dit.max_state_dim,
+                "max_action_dim": cfg.dit.action_dim,
+                "diffusion_model_cfg": asdict(cfg.dit),
+                "text_encoder_cfg": asdict(cfg.text_encoder),
+                "image_encoder_cfg": asdict(cfg.image_encoder) if cfg.image_encoder is not None else None,
+                "vae_cfg": asdict(cfg.vae),
+            }
+        },
+        "dreamzero": {"name": cfg.name, "embodiment_tag": cfg.embodiment_tag, "pipeline": asdict(cfg.pipeline)},
+    }

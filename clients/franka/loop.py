@@ -1,0 +1,381 @@
+"""The 15 Hz deployment loop: episodes of observe -> (query) -> safety filter -> command, with operator controls.
+
+Per episode:
+1. a fresh session id and a server-side reset; the arm moves home and the gripper opens;
+2. every tick (1 / control_hz): read the operator's commands, observe arm + gripper + cameras, query the server when
+   the executed part of the current chunk (open-loop horizon, 8 rows by default) is used up, pass the next row through
+   the safety filter, send the joint targets and (on change) the binarised gripper command, log the step;
+3. with `prefetch`, the next query is sent `prefetch_lead_steps` ticks early from a background thread and the new
+   chunk starts that many rows in (its first rows belong to ticks that already happened);
+4. the episode ends after `max_steps`, on an operator label / abort / quit, on Ctrl+C (aborted), or as failed with
+   its reason (server lost, too many rejected chunks, a device fault). The arm holds on every way out.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from clients.franka.contracts import Camera, DeviceError, Gripper, Robot
+from clients.franka.episode_log import EpisodeLog
+from clients.franka.operator import Command, Operator
+from clients.franka.policy import Chunk, DroidPolicy, PolicyError
+from clients.franka.safety import DROID_HOME, ChunkRejected, SafetyFilter, Watchdog, binarize_gripper
+from dreamzero.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoopConfig:
+    control_hz: float = 15.0
+    open_loop_horizon: int = 8  # rows of each chunk executed before the next query
+    max_steps: int = 450  # 30 s at 15 Hz
+    prefetch: bool = False  # query the next chunk in the background while executing the current one
+    prefetch_lead_steps: int = 2  # how many ticks early the prefetch query is sent
+    chunk_wait_s: float = 30.0  # how long the arm may hold waiting for a late prefetched chunk
+    max_rejected_chunks: int = 3  # consecutive rejected chunks before the episode fails
+    watchdog_timeout_s: float = 0.5  # hold the arm when no command was sent for this long
+    home: tuple[float, ...] = tuple(DROID_HOME.tolist())
+    home_timeout_s: float = 15.0
+    gripper_timeout_s: float = 5.0
+    log_dir: str | None = None  # None: no per-episode files
+    record_video: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 < self.control_hz <= 100:
+            raise ConfigError(f"loop.control_hz must be in (0, 100], got {self.control_hz}")
+        if self.open_loop_horizon < 1:
+            raise ConfigError(f"loop.open_loop_horizon must be >= 1, got {self.open_loop_horizon}")
+        if self.max_steps < 1:
+            raise ConfigError(f"loop.max_steps must be >= 1, got {self.max_steps}")
+        if self.prefetch and not 1 <= self.prefetch_lead_steps < self.open_loop_horizon:
+            raise ConfigError(
+                f"loop.prefetch_lead_steps must be in [1, open_loop_horizon={self.open_loop_horizon}), "
+                f"got {self.prefetch_lead_steps}"
+            )
+        if len(self.home) != 7:
+            raise ConfigError(f"loop.home must hold 7 joint positions, got {len(self.home)}")
+        for name in ("chunk_wait_s", "watchdog_timeout_s", "home_timeout_s", "gripper_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"loop.{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def period_s(self) -> float:
+        return 1.0 / self.control_hz
+
+    @property
+    def min_chunk_rows(self) -> int:
+        """Rows a chunk needs: the executed part, shifted by the prefetch lead."""
+        return self.open_loop_horizon + (self.prefetch_lead_steps if self.prefetch else 0)
+
+
+@dataclass
+class EpisodeResult:
+    episode_index: int
+    session_id: str
+    status: str  # "completed" | "aborted" | "failed"
+    reason: str | None  # why it was aborted / failed
+    label: str | None  # "success" | "failure" (operator) or None
+    steps: int
+    server_calls: int
+    latencies_ms: list[float] = field(default_factory=list)
+    rejected_chunks: int = 0
+    holds: int = 0
+    clamps: dict[str, int] = field(default_factory=dict)
+    duration_s: float = 0.0
+    log_dir: str | None = None
+
+    @property
+    def mean_latency_ms(self) -> float | None:
+        return float(np.mean(self.latencies_ms)) if self.latencies_ms else None
+
+    def summary(self) -> dict:
+        out = asdict(self)
+        out["mean_latency_ms"] = self.mean_latency_ms
+        return out
+
+
+class _EpisodeEnd(Exception):
+    def __init__(self, status: str, reason: str | None = None, label: str | None = None):
+        super().__init__(reason or status)
+        self.status, self.reason, self.label = status, reason, label
+
+
+class CommandGate:
+    """Serialises arm commands from the loop and the watchdog, and remembers whether the arm was held since."""
+
+    def __init__(self, robot: Robot):
+        self.robot = robot
+        self._lock = threading.Lock()
+        self._held = False
+        self.holds = 0
+
+    def send(self, joint_targets: np.ndarray) -> None:
+        with self._lock:
+            self.robot.send(joint_targets)
+            self._held = False
+
+    def hold(self) -> None:
+        with self._lock:
+            self.robot.hold()
+            self._held = True
+            self.holds += 1
+
+    def was_held(self) -> bool:
+        """True once after a hold: the next command must start from the measured position."""
+        with self._lock:
+            held, self._held = self._held, False
+            return held
+
+
+class EpisodeRunner:
+    """Runs episodes on connected devices. `cameras` maps roles ("exterior_0", "exterior_1", "wrist") to cameras."""
+
+    def __init__(
+        self,
+        robot: Robot,
+        gripper: Gripper,
+        cameras: dict[str, Camera],
+        policy: DroidPolicy,
+        safety: SafetyFilter | None = None,
+        config: LoopConfig | None = None,
+        operator: Operator | None = None,
+    ):
+        self.robot, self.gripper, self.cameras, self.policy = robot, gripper, cameras, policy
+        self.safety = safety or SafetyFilter()
+        self.config = config or LoopConfig()
+        self.operator = operator or Operator()
+        self.policy.min_rows = max(self.policy.min_rows, self.config.min_chunk_rows)
+        self.quit_requested = False
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="franka-prefetch")
+
+    # 1. one episode ------------------------------------------------------------------------------------------------
+    def run_episode(self, episode_index: int) -> EpisodeResult:
+        cfg = self.config
+        gate = CommandGate(self.robot)
+        result = EpisodeResult(episode_index, "", "completed", None, None, steps=0, server_calls=0)
+        log = EpisodeLog(cfg.log_dir, episode_index, cfg.control_hz, cfg.record_video) if cfg.log_dir else None
+        if log is not None:
+            result.log_dir = str(log.dir)
+        watchdog = Watchdog(cfg.watchdog_timeout_s, on_expire=gate.hold)
+        t0 = time.monotonic()
+        self._pending: concurrent.futures.Future | None = None
+        try:
+            result.session_id = self.policy.new_session()
+            self._go_home(gate)
+            with watchdog:
+                self._control(result, gate, watchdog, log)
+        except _EpisodeEnd as end:
+            result.status, result.reason, result.label = end.status, end.reason, end.label
+        except PolicyError as exc:
+            result.status, result.reason = "failed", exc.reason
+        except DeviceError as exc:
+            result.status, result.reason = "failed", f"device error: {type(exc).__name__}: {exc}"
+            self._try_recover()
+        except KeyboardInterrupt:
+            result.status, result.reason = "aborted", "interrupted (Ctrl+C)"
+            self.quit_requested = True
+        finally:
+            self._safe_hold(gate)
+            self._drain_prefetch()
+            result.holds = gate.holds
+            result.duration_s = time.monotonic() - t0
+            if result.status == "failed":
+                logger.error("episode %d failed: %s", episode_index, result.reason)
+        if result.label is None and result.status != "failed" and not self.quit_requested:
+            cmd = self.operator.wait(
+                {Command.SUCCESS, Command.FAILURE, Command.NEXT},
+                "label the episode: [y] success / [n] failure / Enter to skip",
+            )
+            result.label = {Command.SUCCESS: "success", Command.FAILURE: "failure"}.get(cmd)
+            self.quit_requested |= cmd is Command.QUIT
+        if log is not None:
+            log.close({**result.summary(), "prompt": self.policy.prompt, "config": asdict(cfg)})
+        return result
+
+    def _go_home(self, gate: CommandGate) -> None:
+        self.robot.move_to(np.asarray(self.config.home, dtype=np.float64), timeout_s=self.config.home_timeout_s)
+        self.gripper.open(timeout_s=self.config.gripper_timeout_s)
+        self.safety.reset()
+        gate.was_held()
+
+    # 2. the control loop -------------------------------------------------------------------------------------------
+    def _control(self, result: EpisodeResult, gate: CommandGate, watchdog: Watchdog, log: EpisodeLog | None) -> None:
+        cfg = self.config
+        chunk: Chunk | None = None
+        row = executed = 0  # next row of `chunk` to execute; rows executed since it arrived
+        rejected_in_a_row = 0
+        gripper_closed: bool | None = None
+        next_tick = time.monotonic()
+        for step in range(cfg.max_steps):
+            tick_start = time.monotonic()
+            self._handle_operator(gate, watchdog)
+            arm = self.robot.observe()
+            gripper_pos = self.gripper.observe()
+            images = {role: cam.observe() for role, cam in self.cameras.items()}
+            obs = self.policy.build_observation(arm.joint_positions, gripper_pos, images)
+            record: dict = {"step": step, "t": tick_start, "queried": False}
+
+            # 2a. a new chunk when the executed part of the current one is used up
+            if chunk is None or executed >= cfg.open_loop_horizon:
+                try:
+                    if self._pending is not None:
+                        chunk, row = self._take_prefetched(gate), cfg.prefetch_lead_steps
+                    else:
+                        chunk, row = self.policy.infer(obs), 0
+                    result.server_calls += 1
+                    result.latencies_ms.append(chunk.latency_ms)
+                    record.update(queried=True, latency_ms=chunk.latency_ms, server=chunk.extras)
+                    executed, rejected_in_a_row = 0, 0
+                except ChunkRejected as exc:
+                    result.server_calls += 1
+                    result.rejected_chunks += 1
+                    rejected_in_a_row += 1
+                    chunk = None
+                    gate.hold()
+                    record.update(queried=True, rejected=str(exc), held=True)
+                    logger.warning("chunk rejected (%d in a row): %s", rejected_in_a_row, exc)
+                    if rejected_in_a_row >= cfg.max_rejected_chunks:
+                        raise _EpisodeEnd(
+                            "failed", f"{rejected_in_a_row} chunks in a row rejected; last: {exc}"
+                        ) from exc
+                    self._finish_tick(log, record, obs, arm, gripper_pos, result, step, next_tick)
+                    next_tick = self._sleep_until(next_tick + cfg.period_s)
+                    continue
+                except PolicyError:
+                    gate.hold()
+                    raise
+
+            # 2b. prefetch: `lead` ticks before the executed part runs out, query from this tick's observation; the
+            # new chunk's row 0 is this tick's action, so it starts at row `lead` when it takes over
+            if cfg.prefetch and self._pending is None and executed == cfg.open_loop_horizon - cfg.prefetch_lead_steps:
+                self._pending = self._executor.submit(self.policy.infer, obs)
+
+            # 2c. the safety filter, then the command
+            action = chunk.actions[row]
+            if gate.was_held():
+                self.safety.reset()
+            cmd = self.safety.filter(action[:7], arm.joint_positions)
+            gate.send(cmd.joint_targets)
+            watchdog.feed()
+            closed = binarize_gripper(action[7], self.safety.config.gripper_threshold)
+            if closed != gripper_closed:
+                self.gripper.send(closed)
+                gripper_closed = closed
+            for name in cmd.clamped:
+                result.clamps[name] = result.clamps.get(name, 0) + 1
+            record.update(chunk_row=row, action=action, command=cmd.joint_targets, clamped=list(cmd.clamped))
+            record["gripper_command"] = closed
+            row += 1
+            executed += 1
+
+            self._finish_tick(log, record, obs, arm, gripper_pos, result, step, next_tick)
+            next_tick = self._sleep_until(next_tick + cfg.period_s)
+
+    def _finish_tick(self, log, record, obs, arm, gripper_pos, result, step, next_tick) -> None:
+        result.steps = step + 1
+        if log is None:
+            return
+        record.update(
+            joint_position=arm.joint_positions,
+            gripper_position=gripper_pos,
+            tick_ms=(time.monotonic() - record["t"]) * 1e3,
+            late_ms=max(0.0, (record["t"] - next_tick) * 1e3),
+        )
+        frames = [obs[k] for k in sorted(k for k in obs if k.startswith("observation/") and k.endswith("_left"))]
+        log.step(record, frames)
+
+    def _take_prefetched(self, gate: CommandGate) -> Chunk:
+        """The prefetched chunk; if it is late the arm holds while we wait (bounded by chunk_wait_s)."""
+        future, self._pending = self._pending, None
+        if not future.done():
+            gate.hold()
+        try:
+            return future.result(timeout=self.config.chunk_wait_s)
+        except concurrent.futures.TimeoutError as exc:
+            future.cancel()
+            raise PolicyError(f"server lost: no chunk within {self.config.chunk_wait_s:.1f} s") from exc
+
+    def _handle_operator(self, gate: CommandGate, watchdog: Watchdog) -> None:
+        for cmd in self.operator.poll():
+            if cmd is Command.PAUSE:
+                gate.hold()
+                cmd = self.operator.wait(
+                    {Command.PAUSE, Command.RESUME, Command.ABORT, Command.SUCCESS, Command.FAILURE},
+                    "paused (arm holding): [p]/[r] resume, [a]bort, [y]/[n] label and end",
+                )
+                watchdog.feed()
+                if cmd in (Command.PAUSE, Command.RESUME):
+                    continue
+            if cmd is Command.ABORT:
+                raise _EpisodeEnd("aborted", "aborted by the operator")
+            if cmd is Command.SUCCESS:
+                raise _EpisodeEnd("completed", None, "success")
+            if cmd is Command.FAILURE:
+                raise _EpisodeEnd("completed", None, "failure")
+            if cmd is Command.QUIT:
+                self.quit_requested = True
+                raise _EpisodeEnd("aborted", "quit by the operator")
+
+    @staticmethod
+    def _sleep_until(deadline: float) -> float:
+        now = time.monotonic()
+        if deadline > now:
+            time.sleep(deadline - now)
+            return deadline
+        return now  # overran (e.g. a synchronous query): restart the schedule instead of catching up
+
+    # 3. ways out ---------------------------------------------------------------------------------------------------
+    def _safe_hold(self, gate: CommandGate) -> None:
+        try:
+            gate.hold()
+        except Exception:
+            logger.exception("could not hold the arm at the end of the episode")
+
+    def _try_recover(self) -> None:
+        try:
+            if not self.robot.recover():
+                logger.error("automatic error recovery failed; check the robot before the next episode")
+        except Exception:
+            logger.exception("automatic error recovery raised")
+
+    def _drain_prefetch(self) -> None:
+        """Wait (bounded) for an in-flight query so it never overlaps the next episode's reset."""
+        future, self._pending = self._pending, None
+        if future is not None:
+            try:
+                future.result(timeout=self.config.chunk_wait_s)
+            except Exception as exc:  # its result belongs to an episode that is over
+                logger.info("discarded the in-flight query of the finished episode: %s", exc)
+
+    # 4. a whole deployment session ----------------------------------------------------------------------------------
+    def run(self, episodes: int) -> list[EpisodeResult]:
+        results: list[EpisodeResult] = []
+        try:
+            for index in range(episodes):
+                cmd = self.operator.wait(
+                    {Command.START, Command.NEXT},
+                    f"episode {index + 1}/{episodes}: {self.policy.prompt!r} -- [s]tart (or Enter) / [q]uit",
+                )
+                if cmd not in (Command.START, Command.NEXT):
+                    break
+                result = self.run_episode(index)
+                results.append(result)
+                self.operator.say(
+                    f"episode {index + 1}: {result.status}"
+                    + (f" ({result.reason})" if result.reason else "")
+                    + (f", label {result.label}" if result.label else "")
+                    + f", {result.steps} steps, {result.server_calls} server calls"
+                )
+                if self.quit_requested:
+                    break
+        finally:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        return results

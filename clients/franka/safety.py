@@ -1,0 +1,257 @@
+"""The safety layer between the policy and the arm. Every joint target goes through `SafetyFilter.filter`.
+
+What it enforces (limits from trusted Franka stacks, see docs/franka.md):
+1. Chunk validation: a chunk that is not a finite (H, 8) numeric array is rejected whole (`ChunkRejected`).
+2. Joint limits minus a margin (FR3 limits, 0.1 rad margin by default).
+3. A maximum change per control step, relative to the last command: min(max_step_rad, velocity cap / control rate)
+   per joint, so the commanded velocity never exceeds the cap.
+4. Optionally a workspace box for the gripper's TCP, checked with forward kinematics: a step that would leave the
+   box is shortened to the last point inside it.
+5. Gripper binarisation (> threshold -> closed).
+6. A watchdog that holds the arm when no valid command was sent in time (the loop is blocked, the server is gone).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from clients.franka.contracts import NUM_JOINTS
+from clients.franka.kinematics import tcp_position
+from dreamzero.errors import ConfigError, DreamZeroError
+
+# 1. Franka Research 3 limits (rad, rad/s) and the DROID home pose
+FR3_JOINT_LOWER = np.array([-2.7437, -1.7837, -2.9007, -3.0421, -2.8065, 0.5445, -3.0159])
+FR3_JOINT_UPPER = np.array([2.7437, 1.7837, 2.9007, -0.1518, 2.8065, 4.5169, 3.0159])
+FR3_MAX_JOINT_VELOCITY = np.array([2.075, 2.075, 2.075, 2.075, 2.51, 2.51, 2.51])
+DROID_HOME = np.array([0.0, -np.pi / 5, 0.0, -4 * np.pi / 5, 0.0, 3 * np.pi / 5, 0.0])
+ACTION_DIM = NUM_JOINTS + 1  # 7 absolute joint targets + gripper
+
+logger = logging.getLogger(__name__)
+
+
+class ChunkRejected(DreamZeroError, ValueError):
+    """The server's action chunk cannot be executed (wrong shape or dtype, NaN/inf). Nothing of it reaches the arm."""
+
+    code = "chunk_rejected"
+
+    def __init__(self, message: str, field: str = "actions"):
+        super().__init__(message)
+        self.field = field
+
+
+@dataclass
+class SafetyConfig:
+    """Limits the filter enforces. Defaults are the FR3's with DROID's 0.2 rad per-step bound."""
+
+    joint_lower: np.ndarray = field(default_factory=lambda: FR3_JOINT_LOWER.copy())
+    joint_upper: np.ndarray = field(default_factory=lambda: FR3_JOINT_UPPER.copy())
+    joint_margin_rad: float = 0.1  # targets stay this far inside the hardware limits
+    max_step_rad: float = 0.2  # largest change of any joint target per control step
+    max_joint_velocity: np.ndarray = field(default_factory=lambda: FR3_MAX_JOINT_VELOCITY.copy())  # rad/s
+    control_hz: float = 15.0
+    workspace_min: tuple[float, float, float] | None = None  # TCP box in the base frame (m); None = no box
+    workspace_max: tuple[float, float, float] | None = None
+    gripper_threshold: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("joint_lower", "joint_upper", "max_joint_velocity"):
+            value = np.asarray(getattr(self, name), dtype=np.float64)
+            if value.shape != (NUM_JOINTS,) or not np.all(np.isfinite(value)):
+                raise ConfigError(f"safety.{name} must be {NUM_JOINTS} finite numbers, got {getattr(self, name)!r}")
+            setattr(self, name, value)
+        if not 0 <= self.joint_margin_rad < 0.5:
+            raise ConfigError(f"safety.joint_margin_rad must be in [0, 0.5), got {self.joint_margin_rad}")
+        if np.any(self.lower >= self.upper):
+            raise ConfigError("safety.joint_lower + margin must stay below safety.joint_upper - margin on every joint")
+        if not 0 < self.max_step_rad <= 0.5:
+            raise ConfigError(f"safety.max_step_rad must be in (0, 0.5], got {self.max_step_rad}")
+        if np.any(self.max_joint_velocity <= 0):
+            raise ConfigError("safety.max_joint_velocity must be positive on every joint")
+        if not 0 < self.control_hz <= 1000:
+            raise ConfigError(f"safety.control_hz must be in (0, 1000], got {self.control_hz}")
+        if (self.workspace_min is None) != (self.workspace_max is None):
+            raise ConfigError("safety.workspace_min and safety.workspace_max must be given together")
+        if self.workspace_min is not None:
+            lo, hi = np.asarray(self.workspace_min, float), np.asarray(self.workspace_max, float)
+            if lo.shape != (3,) or hi.shape != (3,) or np.any(lo >= hi):
+                raise ConfigError(
+                    f"safety.workspace_min/max must be (x, y, z) with min < max, got {self.workspace_min} / "
+                    f"{self.workspace_max}"
+                )
+        if not 0 < self.gripper_threshold < 1:
+            raise ConfigError(f"safety.gripper_threshold must be in (0, 1), got {self.gripper_threshold}")
+
+    @property
+    def lower(self) -> np.ndarray:
+        return self.joint_lower + self.joint_margin_rad
+
+    @property
+    def upper(self) -> np.ndarray:
+        return self.joint_upper - self.joint_margin_rad
+
+    @property
+    def step_limit(self) -> np.ndarray:
+        """(7,) largest allowed change of each joint target per control step."""
+        return np.minimum(self.max_step_rad, self.max_joint_velocity / self.control_hz)
+
+    @property
+    def has_workspace(self) -> bool:
+        return self.workspace_min is not None
+
+
+def validate_chunk(chunk: object, min_rows: int = 1) -> np.ndarray:
+    """Return the chunk as float64 (H, 8), or raise `ChunkRejected` naming what is wrong with it."""
+    if not isinstance(chunk, np.ndarray):
+        raise ChunkRejected(f"actions must be a numpy array, got {type(chunk).__name__}")
+    if chunk.dtype.kind not in "fiu":
+        raise ChunkRejected(f"actions must be a real numeric array, got dtype {chunk.dtype}")
+    if chunk.ndim != 2 or chunk.shape[1] != ACTION_DIM:
+        raise ChunkRejected(f"actions must have shape (H, {ACTION_DIM}), got {chunk.shape}")
+    if chunk.shape[0] < min_rows:
+        raise ChunkRejected(f"actions must have at least {min_rows} rows, got {chunk.shape[0]}")
+    chunk = chunk.astype(np.float64)
+    bad = ~np.isfinite(chunk)
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        raise ChunkRejected(f"actions hold {int(bad.sum())} non-finite values (first at row {row}, column {col})")
+    return chunk
+
+
+def binarize_gripper(value: float, threshold: float = 0.5) -> bool:
+    """DROID's rule: closed iff the policy's gripper output is above the threshold."""
+    return bool(value > threshold)
+
+
+@dataclass(frozen=True)
+class SafeCommand:
+    joint_targets: np.ndarray  # (7,) what may be sent to the arm
+    clamped: tuple[str, ...]  # which limits changed the target: "joint_limit", "step_limit", "workspace"
+
+
+class SafetyFilter:
+    """Turns policy joint targets into commands within every limit. Stateful: it remembers the last command."""
+
+    def __init__(self, config: SafetyConfig | None = None):
+        self.config = config or SafetyConfig()
+        self._reference: np.ndarray | None = None  # last command sent; None -> use the measured position
+
+    def reset(self) -> None:
+        """Forget the last command (after a hold or a home move the next step starts from the measured position)."""
+        self._reference = None
+
+    def workspace_violation(self, q: np.ndarray) -> float:
+        """Distance (m) of the TCP outside the workspace box; 0 inside it or when no box is configured."""
+        if not self.config.has_workspace:
+            return 0.0
+        p = tcp_position(q)
+        inside = np.clip(p, self.config.workspace_min, self.config.workspace_max)
+        return float(np.linalg.norm(p - inside))
+
+    def filter(self, target: np.ndarray, measured: np.ndarray) -> SafeCommand:
+        cfg = self.config
+        target = np.asarray(target, dtype=np.float64).reshape(NUM_JOINTS)
+        measured = np.asarray(measured, dtype=np.float64).reshape(NUM_JOINTS)
+        if not (np.all(np.isfinite(target)) and np.all(np.isfinite(measured))):
+            raise ChunkRejected("joint target or measured position is not finite", field="actions[:, :7]")
+        ref = measured if self._reference is None else self._reference
+        clamped = []
+
+        # 2. limits minus margin; a joint already outside them may only move back towards them
+        lo, hi = np.minimum(cfg.lower, ref), np.maximum(cfg.upper, ref)
+        safe = np.clip(target, lo, hi)
+        if not np.array_equal(safe, target):
+            clamped.append("joint_limit")
+
+        # 3. per-step change (velocity cap)
+        step = cfg.step_limit
+        stepped = np.clip(safe, ref - step, ref + step)
+        if not np.array_equal(stepped, safe):
+            clamped.append("step_limit")
+        safe = stepped
+
+        # 4. workspace box: never end further outside than where we start; shorten the step by bisection
+        if cfg.has_workspace:
+            allowed = self.workspace_violation(ref) + 1e-9
+            if self.workspace_violation(safe) > allowed:
+                good, bad = 0.0, 1.0
+                for _ in range(12):
+                    mid = 0.5 * (good + bad)
+                    if self.workspace_violation(ref + mid * (safe - ref)) <= allowed:
+                        good = mid
+                    else:
+                        bad = mid
+                safe = ref + good * (safe - ref)
+                clamped.append("workspace")
+
+        self._reference = safe
+        return SafeCommand(joint_targets=safe, clamped=tuple(clamped))
+
+
+class Watchdog:
+    """Calls `on_expire` once when `feed()` was not called for `timeout_s`; the next `feed()` re-arms it.
+
+    It runs in its own thread, so the arm is held even when the control loop itself is blocked (a hung server
+    call, a stalled camera).
+    """
+
+    def __init__(self, timeout_s: float, on_expire: Callable[[], None], clock: Callable[[], float] = time.monotonic):
+        if timeout_s <= 0:
+            raise ConfigError(f"watchdog timeout_s must be positive, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self._on_expire = on_expire
+        self._clock = clock
+        self._last_feed = clock()
+        self._fired = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.expirations = 0
+
+    def feed(self) -> None:
+        with self._lock:
+            self._last_feed = self._clock()
+            self._fired = False
+
+    def check(self) -> bool:
+        """Fire if overdue; returns True when it fired now (the thread calls this; tests may call it directly)."""
+        with self._lock:
+            overdue = not self._fired and self._clock() - self._last_feed > self.timeout_s
+            if overdue:
+                self._fired = True
+                self.expirations += 1
+        if overdue:
+            self._on_expire()
+        return overdue
+
+    def start(self) -> Watchdog:
+        self.feed()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="franka-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None
+
+    def _run(self) -> None:
+        period = min(0.02, self.timeout_s / 4)
+        while not self._stop.wait(period):
+            try:
+                self.check()
+            except Exception:  # a failing hold must not kill the watchdog; the loop sees the device error itself
+                logger.exception("watchdog: holding the arm failed")
+
+    def __enter__(self) -> Watchdog:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

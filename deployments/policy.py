@@ -1,0 +1,284 @@
+"""Policy deployment: the only holder of the model and of per-session state (one instance per replica).
+
+Concurrent requests are merged by `@serve.batch` into as few model calls as possible. Requests are only merged when
+their arrays stack (same frame count and canvas size) and when they share no session (one in-flight step per
+session, in arrival order). The pipeline itself groups rows further into compatible forward passes. A failing group
+fails only its own requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from dreamzero.errors import InvalidRequest, NotReady
+from dreamzero.types import ChunkResult, ModelBatch
+from serve_graph.metrics import serving_metrics
+
+log = logging.getLogger("dreamzero.serve.policy")
+
+
+@dataclass
+class PolicyOutput:
+    """What one request gets back: its rows of the chunk plus who computed them."""
+
+    result: ChunkResult
+    replica: str
+    batch_requests: int = 1  # requests merged into the model call that served this one
+    batch_rows: int = 0
+
+
+@dataclass
+class _Outcome:
+    # @serve.batch can only fail a whole batch; wrapping lets one bad group fail alone.
+    output: PolicyOutput | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Group:
+    key: tuple
+    members: list[int] = field(default_factory=list)
+    sessions: set[str] = field(default_factory=set)
+
+
+def load_pipeline(**kwargs: Any):
+    """Load the model pipeline (imported lazily: the module stays importable without the model stack)."""
+    from dreamzero.pipeline import DreamZeroPipeline
+
+    return DreamZeroPipeline.load(**kwargs)
+
+
+def _replica_name() -> str | None:
+    """This replica's id, or None outside a Serve replica (in-process use, local testing mode)."""
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:
+        return None
+
+
+def _stack_key(batch: ModelBatch) -> tuple:
+    return (
+        batch.images.shape[1:],
+        batch.images.dtype.str,
+        batch.state.shape[1:],
+        batch.negative_prompts is None,
+        batch.embodiment_id is None,
+    )
+
+
+def plan_groups(batches: list[ModelBatch]) -> list[list[int]]:
+    """Split requests into mergeable groups, keeping each session's requests in arrival order.
+
+    A request joins the earliest group that stacks with it and comes after every group holding one of its sessions.
+    """
+    groups: list[_Group] = []
+    for i, batch in enumerate(batches):
+        key = _stack_key(batch)
+        ids = set(batch.session_ids)
+        after = max((g_idx for g_idx, g in enumerate(groups) if g.sessions & ids), default=-1)
+        target = next((g for g in groups[after + 1 :] if g.key == key), None)
+        if target is None:
+            target = _Group(key)
+            groups.append(target)
+        target.members.append(i)
+        target.sessions |= ids
+    return [g.members for g in groups]
+
+
+def merge_batches(batches: list[ModelBatch], default_seed: int) -> ModelBatch:
+    """Concatenate stackable requests row-wise into one ModelBatch."""
+    if len(batches) == 1:
+        return batches[0]
+
+    def rows(name: str, fill: Any) -> list:
+        out: list = []
+        for b in batches:
+            value = getattr(b, name)
+            out.extend(value if value is not None else [fill] * len(b))
+        return out
+
+    first = batches[0]
+    return ModelBatch(
+        images=np.concatenate([b.images for b in batches]),
+        state=np.concatenate([b.state for b in batches]),
+        state_mask=np.concatenate([b.state_mask for b in batches]),
+        prompts=[p for b in batches for p in b.prompts],
+        session_ids=[s for b in batches for s in b.session_ids],
+        negative_prompts=None if first.negative_prompts is None else rows("negative_prompts", None),
+        reset_mask=rows("reset_mask", False),
+        expected_steps=rows("expected_steps", None),
+        seeds=rows("seeds", default_seed),
+        embodiment_id=None if first.embodiment_id is None else rows("embodiment_id", 0),
+    )
+
+
+def split_result(result: ChunkResult, sizes: list[int]) -> list[ChunkResult]:
+    if len(sizes) == 1:
+        return [result]
+    parts, start = [], 0
+    for n in sizes:
+        stop = start + n
+        latents = None if result.video_latents is None else result.video_latents[start:stop]
+        parts.append(
+            ChunkResult(
+                actions=result.actions[start:stop],
+                sessions=result.sessions[start:stop],
+                video_latents=latents,
+                timings_ms=dict(result.timings_ms),
+                dit_steps=result.dit_steps,
+            )
+        )
+        start = stop
+    return parts
+
+
+class PolicyDeployment:
+    """Owns a DreamZeroPipeline (model + bounded session store) and serves chunks for batches of sessions."""
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        device: str = "cpu",
+        dtype: str | None = None,
+        pipeline_overrides: dict | None = None,
+        max_sessions: int = 128,
+        session_ttl_s: float = 900.0,
+        batching: bool = True,
+        max_batch_size: int = 16,
+        batch_wait_timeout_s: float = 0.005,
+        return_latents: bool = False,
+    ):
+        t0 = time.perf_counter()
+        self.pipeline = load_pipeline(
+            model_path=model_path,
+            device=device,
+            dtype=dtype,
+            overrides=pipeline_overrides or None,
+            max_sessions=max_sessions,
+            session_ttl_s=session_ttl_s,
+        )
+        replica = _replica_name()
+        self.replica = replica or f"local-{uuid.uuid4().hex[:8]}"
+        self.return_latents = return_latents
+        self.metrics = serving_metrics()
+        # The pipeline is not thread-safe: every model / session-store call goes through this one thread, which also
+        # keeps the replica's event loop free to accept (and batch) requests while a chunk computes.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dreamzero-model")
+        # @serve.batch needs a replica context; in-process (and in Serve's local testing mode) requests run one by one
+        self._batching = batching and replica is not None
+        self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s)(
+            self._generate_many
+        )
+        self._evictions_seen = 0
+        self._ready = True
+        log.info("policy replica %s ready in %.1f s", self.replica, time.perf_counter() - t0)
+
+    # --- request path -----------------------------------------------------------------------------------------
+    async def generate(self, batch: ModelBatch) -> PolicyOutput:
+        if not isinstance(batch, ModelBatch) or len(batch) == 0:
+            raise InvalidRequest("the policy needs a ModelBatch with at least one session row")
+        if not self._ready:
+            raise NotReady("policy replica is shutting down")
+        if not self._batching:
+            (outcome,) = await self._generate_many([batch])
+        else:
+            outcome = await self._batched(batch)
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome.output
+
+    async def _generate_many(self, batches: list[ModelBatch]) -> list[_Outcome]:
+        outcomes: list[_Outcome | None] = [None] * len(batches)
+        self.metrics.batch_requests.observe(len(batches))
+        loop = asyncio.get_running_loop()
+        default_seed = self._default_seed()
+        for members in plan_groups(batches):
+            group = [batches[i] for i in members]
+            try:
+                merged = merge_batches(group, default_seed)
+                self.metrics.batch_rows.observe(len(merged))
+                t0 = time.perf_counter()
+                result = await loop.run_in_executor(self._executor, self._run_model, merged)
+                wall_ms = (time.perf_counter() - t0) * 1000.0
+                result.timings_ms = {**result.timings_ms, "model_call": wall_ms}
+                for i, part in zip(members, split_result(result, [len(b) for b in group])):
+                    outcomes[i] = _Outcome(PolicyOutput(part, self.replica, len(group), len(merged)))
+                self.metrics.observe_sessions(result.sessions)
+            except Exception as exc:  # noqa: BLE001 - handed back to exactly the requests of this group
+                for i in members:
+                    outcomes[i] = _Outcome(error=exc)
+        self._update_session_gauges()
+        return outcomes
+
+    def _run_model(self, batch: ModelBatch) -> ChunkResult:
+        if self.return_latents:
+            return self.pipeline.generate(batch, return_latents=True)
+        return self.pipeline.generate(batch)
+
+    # --- session control --------------------------------------------------------------------------------------
+    async def reset_sessions(self, session_ids: list[str]) -> int:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self.pipeline.reset_sessions, list(session_ids))
+        return len(session_ids)
+
+    async def drop_sessions(self, session_ids: list[str]) -> int:
+        """Free sessions (a WebSocket connection closed); unknown ids are ignored."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self.pipeline.drop_sessions, list(session_ids))
+        self._update_session_gauges()
+        return len(session_ids)
+
+    # --- introspection ----------------------------------------------------------------------------------------
+    def info(self) -> dict:
+        cfg = self.pipeline.config
+        return {
+            "replica": self.replica,
+            "config_name": getattr(cfg, "name", "custom"),
+            "embodiment_tag": getattr(cfg, "embodiment_tag", None),
+            "action_horizon": int(self.pipeline.action_horizon),
+            "max_action_dim": int(self.pipeline.max_action_dim),
+            "max_state_dim": int(cfg.dit.max_state_dim),
+            "default_seed": self._default_seed(),
+            "num_inference_steps": int(cfg.pipeline.num_inference_steps),
+            "batching": self._batching,
+        }
+
+    def stats(self) -> dict:
+        return {"replica": self.replica, **dict(self.pipeline.stats())}
+
+    def ready(self) -> bool:
+        return self._ready
+
+    def check_health(self) -> None:
+        # Serve calls this periodically; a replica whose pipeline vanished is restarted.
+        if getattr(self, "pipeline", None) is None:
+            raise RuntimeError("policy pipeline not loaded")
+
+    def __del__(self) -> None:
+        executor = getattr(self, "_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    # --- helpers ----------------------------------------------------------------------------------------------
+    def _default_seed(self) -> int:
+        return int(self.pipeline.config.pipeline.default_seed)
+
+    def _update_session_gauges(self) -> None:
+        stats = dict(self.pipeline.stats())
+        store = stats.get("sessions") if isinstance(stats.get("sessions"), dict) else stats
+        live = store.get("live", store.get("live_sessions"))
+        if isinstance(live, (int, float)):
+            self.metrics.live_sessions.set(float(live))
+        evicted = store.get("evictions")
+        if isinstance(evicted, int) and evicted > self._evictions_seen:
+            self.metrics.evictions.inc(evicted - self._evictions_seen)
+            self._evictions_seen = evicted

@@ -1,0 +1,24 @@
+"""Postprocess deployment (CPU): normalised, padded action chunks -> robot actions.
+
+Slice per action key, un-normalise, relative -> absolute with the request's own current state (which travels with
+the request in the `PostprocessContext`, never in a side table), then the embodiment's gripper rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from deployments.preprocess import load_embodiment
+from dreamzero.embodiments import PostprocessContext
+
+
+class PostprocessDeployment:
+    def __init__(self, embodiment: str, metadata_path: str | None = None, model_path: str | None = None):
+        self.embodiment = load_embodiment(embodiment, metadata_path, model_path)
+
+    def run(self, actions: np.ndarray, context: PostprocessContext) -> np.ndarray:
+        """[B, H, 32] normalised -> float32 [B, H, action_dim] (8 for DROID)."""
+        return self.embodiment.postprocess(actions, context)
+
+    def ready(self) -> bool:
+        return True

@@ -1,0 +1,361 @@
+"""The `Embodiment` base class: raw observation -> model inputs, and model output -> robot actions.
+
+A robot is a subclass that declares its keys, view size, canvas layout, prompt template and action rules as class
+attributes and implements `stitch`; the statistics come from metadata.json. Everything the class does is composed
+from the transforms in `transforms.py`. See docs/embodiments.md ("Adding a robot").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from dreamzero.embodiments.observation import (
+    ParsedObservation,
+    as_array,
+    batch_mode_from_state,
+    parse_frames,
+    parse_instructions,
+    parse_state,
+)
+from dreamzero.embodiments.transforms import (
+    NEGATIVE_PROMPT,
+    AddCurrentState,
+    BinariseGripper,
+    CropResize,
+    PromptTemplate,
+    Q99Normaliser,
+    pad_with_mask,
+)
+from dreamzero.errors import ConfigError, InvalidObservation, InvalidRequest
+from dreamzero.metadata import EmbodimentMetadata, load_embodiment_metadata
+from dreamzero.types import ModelBatch
+
+#: RLinf-style rollout dict keys (env outputs); mapped onto the embodiment's own keys
+ROLLOUT_KEYS = ("main_images", "wrist_images", "extra_view_images", "states", "task_descriptions")
+#: control fields an OpenPI frame carries next to the observation; not observation data
+OPENPI_CONTROL_KEYS = ("endpoint", "session_id", "seed", "prompt")
+
+
+@dataclass
+class PreprocessedBatch:
+    """Model inputs for B rows (the `ModelBatch` fields an embodiment decides)."""
+
+    images: np.ndarray  # uint8 [B, T, H, W, 3] stitched canvas
+    state: np.ndarray  # float32 [B, 1, max_state_dim], q99-normalised, zero padded
+    state_mask: np.ndarray  # bool [B, 1, max_state_dim]
+    prompts: list[str]  # B formatted prompts
+    negative_prompts: list[str]  # B negative prompts
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def to_model_batch(
+        self,
+        session_ids: list[str],
+        reset_mask: list[bool] | None = None,
+        expected_steps: list[int | None] | None = None,
+        seeds: list[int] | None = None,
+    ) -> ModelBatch:
+        if len(session_ids) != len(self):
+            raise InvalidRequest(f"session_ids: expected {len(self)} ids (one per row), received {len(session_ids)}")
+        return ModelBatch(
+            images=self.images, state=self.state, state_mask=self.state_mask, prompts=list(self.prompts),
+            session_ids=list(session_ids), negative_prompts=list(self.negative_prompts), reset_mask=reset_mask,
+            expected_steps=expected_steps, seeds=seeds,
+        )  # fmt: skip
+
+
+@dataclass
+class PostprocessContext:
+    """What postprocess needs from the request: the raw current state per key. Plain numpy (it crosses Ray)."""
+
+    tag: str
+    state: dict[str, np.ndarray]  # state key -> float64 [B, D], environment scale
+    batched: bool = True  # False when the caller sent one unbatched observation
+
+    @property
+    def batch_size(self) -> int:
+        return next(iter(self.state.values())).shape[0]
+
+
+class Embodiment:
+    """Transforms of one robot/dataset family. Subclasses set the class attributes below and `stitch`."""
+
+    tag: ClassVar[str]
+    action_horizon: ClassVar[int]
+    video_keys: ClassVar[tuple[str, ...]]  # in the order `stitch` receives them
+    wrist_key: ClassVar[str]  # the video key of the wrist camera (rollout `wrist_images`)
+    state_keys: ClassVar[tuple[str, ...]]  # concat order
+    action_keys: ClassVar[tuple[str, ...]]  # concat order
+    known_widths: ClassVar[dict[str, int]] = {}  # widths fixed by the robot; checked against metadata
+    view_hw: ClassVar[tuple[int, int]]  # per-view size after crop + resize
+    canvas_hw: ClassVar[tuple[int, int]]  # stitched canvas size
+    crop_scale: ClassVar[float] = 0.95
+    prompt_template: ClassVar[PromptTemplate]
+    negative_prompt: ClassVar[str] = NEGATIVE_PROMPT
+    relative_actions: ClassVar[tuple[AddCurrentState, ...]] = ()
+    gripper_rules: ClassVar[tuple[BinariseGripper, ...]] = ()
+    openpi_key_map: ClassVar[dict[str, str]] = {}  # OpenPI wire key -> own key
+    openpi_ignored_keys: ClassVar[tuple[str, ...]] = ()  # sent by OpenPI clients but unused
+    openpi_action_space: ClassVar[str] = "joint_position"
+    wire_image_hw: ClassVar[tuple[int, int]]  # the image size clients are told to send
+    max_state_dim: ClassVar[int] = 64
+    max_action_dim: ClassVar[int] = 32
+
+    def __init__(self, metadata: EmbodimentMetadata | dict | str | Path | None = None):
+        self.metadata = load_embodiment_metadata(metadata, self.tag)
+        self.state_normalisers = {k: Q99Normaliser.from_stats(self.metadata.stats(k)) for k in self.state_keys}
+        self.action_normalisers = {k: Q99Normaliser.from_stats(self.metadata.stats(k)) for k in self.action_keys}
+        for key, norm in {**self.state_normalisers, **self.action_normalisers}.items():
+            want = self.known_widths.get(key)
+            if want is not None and norm.dim != want:
+                raise ConfigError(f"metadata[{self.tag!r}]: {key} has {norm.dim} dims, {self.tag} needs {want}")
+        if self.state_dim > self.max_state_dim or self.action_dim > self.max_action_dim:
+            raise ConfigError(
+                f"{self.tag}: state ({self.state_dim}) / action ({self.action_dim}) dims exceed the model's "
+                f"{self.max_state_dim} / {self.max_action_dim}"
+            )
+        self.crop_resize = CropResize(out_hw=self.view_hw, scale=self.crop_scale)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(tag={self.tag!r}, action_dim={self.action_dim}, horizon={self.action_horizon})"
+
+    # -----------------------------------------------------------------------------------------------------------------
+    # Shapes and wire description
+    # -----------------------------------------------------------------------------------------------------------------
+
+    @property
+    def state_widths(self) -> dict[str, int]:
+        return {k: n.dim for k, n in self.state_normalisers.items()}
+
+    @property
+    def action_widths(self) -> dict[str, int]:
+        return {k: n.dim for k, n in self.action_normalisers.items()}
+
+    @property
+    def state_dim(self) -> int:
+        return sum(self.state_widths.values())
+
+    @property
+    def action_dim(self) -> int:
+        """Robot-side action width (8 for DROID: 7 joints + gripper)."""
+        return sum(self.action_widths.values())
+
+    def openpi_server_config(self) -> dict[str, Any]:
+        """The handshake dict an OpenPI/RoboArena client receives on connect."""
+        exteriors = [k for k in self.video_keys if k != self.wrist_key]
+        return {
+            "image_resolution": list(self.wire_image_hw),
+            "n_external_cameras": len(exteriors),
+            "needs_wrist_camera": self.wrist_key in self.video_keys,
+            "needs_stereo_camera": False,
+            "needs_session_id": True,
+            "action_space": self.openpi_action_space,
+            "action_horizon": self.action_horizon,
+            "action_dim": self.action_dim,
+        }
+
+    def format_prompt(self, instruction: str | None) -> str:
+        return self.prompt_template(instruction)
+
+    # -----------------------------------------------------------------------------------------------------------------
+    # Raw observation -> model inputs
+    # -----------------------------------------------------------------------------------------------------------------
+
+    def stitch(self, views: dict[str, np.ndarray]) -> np.ndarray:
+        """Resized views {key: [B, T, h, w, 3]} -> canvas [B, T, *canvas_hw, 3]."""
+        raise NotImplementedError
+
+    def _rename(self, observation: dict) -> tuple[dict[str, tuple[str, Any]], bool]:
+        """Map OpenPI / rollout keys onto own keys: {own key: (key as sent, value)}; second item: rollout form."""
+        keys = set(observation)
+        rollout = bool(keys & set(ROLLOUT_KEYS))
+        own_known = set(self.video_keys) | set(self.state_keys)
+        if rollout:
+            unknown = keys - set(ROLLOUT_KEYS)
+            if unknown:
+                raise InvalidObservation(
+                    f"observation mixes rollout keys {sorted(keys & set(ROLLOUT_KEYS))} with {sorted(unknown)}",
+                    field=sorted(unknown)[0],
+                )
+            return {k: (k, v) for k, v in observation.items()}, True
+        renamed: dict[str, tuple[str, Any]] = {}
+        for key, value in observation.items():
+            if key in own_known:
+                own = key
+            elif key in self.openpi_key_map:
+                own = self.openpi_key_map[key]
+            elif key in self.openpi_ignored_keys or key in OPENPI_CONTROL_KEYS:
+                if key == "prompt":
+                    renamed["__instruction__"] = (key, value)
+                continue
+            else:
+                expected = sorted(own_known | set(self.openpi_key_map))
+                raise InvalidObservation(f"{key}: unknown observation key for {self.tag}; expected {expected}", field=key)
+            if own in renamed:
+                raise InvalidObservation(f"{key}: {own} was sent twice (under two names)", field=key)
+            renamed[own] = (key, value)
+        return renamed, False
+
+    def _parse_rollout(self, obs: dict, batched: bool | None) -> ParsedObservation:
+        """RLinf env dict: main/wrist/extra views, concatenated `states`, `task_descriptions`."""
+        if "states" not in obs:
+            raise InvalidObservation(f"states: missing; expected ({self.state_dim},) or (B, {self.state_dim})", "states")
+        states = as_array(obs["states"], "states")
+        if batched is None:
+            batched = batch_mode_from_state(states, "states")
+        full = parse_state(states, "states", self.state_dim, batched)
+        state, start = {}, 0
+        for key, width in self.state_widths.items():  # split in concat order
+            state[key] = full[:, start : start + width]
+            start += width
+        exteriors = [k for k in self.video_keys if k != self.wrist_key]
+        sources: dict[str, tuple[str, Any]] = {}
+        if "main_images" in obs and exteriors:
+            sources[exteriors[0]] = ("main_images", obs["main_images"])
+        if "wrist_images" in obs:
+            sources[self.wrist_key] = ("wrist_images", obs["wrist_images"])
+        if "extra_view_images" in obs and len(exteriors) > 1:
+            extra = as_array(obs["extra_view_images"], "extra_view_images")
+            axis = 1 if batched else 0  # [B, N, ...] or [N, ...]
+            if extra.ndim < 4 + int(batched):
+                raise InvalidObservation(
+                    f"extra_view_images: expected (B, N, H, W, 3), received shape {tuple(extra.shape)}",
+                    "extra_view_images",
+                )
+            for i, key in enumerate(exteriors[1:]):
+                if i < extra.shape[axis]:
+                    sources[key] = ("extra_view_images", np.take(extra, i, axis=axis))
+        views = {k: parse_frames(v, name, batched) for k, (name, v) in sources.items()}
+        if not views:
+            raise InvalidObservation("main_images: a rollout observation needs at least one image", "main_images")
+        first = next(iter(views.values()))
+        for key in self.video_keys:  # a missing view is a black screen, as in training's dropped views
+            views.setdefault(key, np.zeros_like(first))
+        instructions = None
+        if "task_descriptions" in obs:
+            instructions = parse_instructions(obs["task_descriptions"], "task_descriptions")
+        return self._check_consistent(ParsedObservation(views, state, instructions, batched), sources)
+
+    def parse_observation(self, observation: dict, batched: bool | None = None) -> ParsedObservation:
+        """Validate a raw observation and bring it to [B, T, H, W, 3] views and [B, D] states under own keys."""
+        if not isinstance(observation, dict):
+            raise InvalidObservation(
+                f"observation: expected a mapping of keys to arrays, received {type(observation).__name__}",
+                field="observation",
+            )
+        renamed, rollout = self._rename(observation)
+        if rollout:
+            return self._parse_rollout(observation, batched)
+        for key in (*self.state_keys, *self.video_keys):
+            if key not in renamed:
+                raise InvalidObservation(f"{key}: missing from the observation ({self._expected(key)})", field=key)
+        if batched is None:
+            name, value = renamed[self.state_keys[0]]
+            batched = batch_mode_from_state(as_array(value, name), name)
+        state = {
+            k: parse_state(renamed[k][1], renamed[k][0], self.state_widths[k], batched) for k in self.state_keys
+        }
+        views = {k: parse_frames(renamed[k][1], renamed[k][0], batched) for k in self.video_keys}
+        instructions = None
+        if "__instruction__" in renamed:
+            instructions = parse_instructions(renamed["__instruction__"][1], "prompt")
+        return self._check_consistent(ParsedObservation(views, state, instructions, batched), renamed)
+
+    def _expected(self, key: str) -> str:
+        if key in self.state_widths:
+            return f"expected shape ({self.state_widths[key]},) or (B, {self.state_widths[key]})"
+        return "expected (H, W, 3) or (T, H, W, 3) or batched (B, T, H, W, 3) images"
+
+    def _check_consistent(self, parsed: ParsedObservation, sent_as: dict) -> ParsedObservation:
+        """Every key must agree on B (and every view on T)."""
+        b = parsed.batch_size
+        ref_t = None
+        for key, value in {**parsed.state, **parsed.views}.items():
+            name = sent_as.get(key, (key,))[0]
+            if value.shape[0] != b:
+                raise InvalidObservation(f"{name}: batch size {value.shape[0]} differs from the state's {b}", name)
+            if key in parsed.views:
+                ref_t = value.shape[1] if ref_t is None else ref_t
+                if value.shape[1] != ref_t:
+                    raise InvalidObservation(f"{name}: {value.shape[1]} frames, other views have {ref_t}", name)
+        if parsed.instructions is not None and len(parsed.instructions) not in (1, b):
+            raise InvalidObservation(
+                f"instructions: expected {b} strings (one per row), received {len(parsed.instructions)}", "instructions"
+            )
+        return parsed
+
+    def _prompts(self, instructions, parsed: ParsedObservation) -> list[str]:
+        b = parsed.batch_size
+        if instructions is None:
+            items: list[str | None] = list(parsed.instructions) if parsed.instructions is not None else [None]
+        elif isinstance(instructions, str):
+            items = [instructions]
+        else:
+            items = [None if i is None else i for i in instructions]
+            if any(i is not None and not isinstance(i, str) for i in items):
+                raise InvalidObservation("instructions: expected strings", field="instructions")
+        if len(items) == 1:
+            items = items * b
+        if len(items) != b:
+            raise InvalidObservation(
+                f"instructions: expected {b} strings (one per row), received {len(items)}", field="instructions"
+            )
+        return [self.format_prompt(i) for i in items]
+
+    def preprocess(
+        self, observation: dict, instructions: list[str] | str | None = None, batched: bool | None = None
+    ) -> tuple[PreprocessedBatch, PostprocessContext]:
+        """Raw observation -> (model inputs, what postprocess needs)."""
+        parsed = self.parse_observation(observation, batched)
+        b = parsed.batch_size
+        # 1. images: per-view crop + resize, then the trained canvas layout
+        resized = {}
+        for key, frames in parsed.views.items():
+            t = frames.shape[1]
+            flat = self.crop_resize(frames.reshape(b * t, *frames.shape[2:]))  # [B*T, h, w, 3]
+            resized[key] = flat.reshape(b, t, *flat.shape[1:])
+        canvas = self.stitch(resized)  # [B, T, *canvas_hw, 3]
+        # 2. state: q99 per key in concat order, zero padded with a mask
+        normalised = np.concatenate([self.state_normalisers[k].normalise(parsed.state[k]) for k in self.state_keys], -1)
+        state, state_mask = pad_with_mask(normalised, self.max_state_dim)
+        # 3. prompts
+        prompts = self._prompts(instructions, parsed)
+        batch = PreprocessedBatch(canvas, state, state_mask, prompts, [self.negative_prompt] * b)
+        context = PostprocessContext(self.tag, {k: parsed.state[k].copy() for k in self.state_keys}, parsed.batched)
+        return batch, context
+
+    # -----------------------------------------------------------------------------------------------------------------
+    # Model output -> robot actions
+    # -----------------------------------------------------------------------------------------------------------------
+
+    def split_actions(self, actions: np.ndarray) -> dict[str, np.ndarray]:
+        """[..., >= action_dim] -> {action key: [..., width]} in concat order."""
+        out, start = {}, 0
+        for key, width in self.action_widths.items():
+            out[key] = actions[..., start : start + width]
+            start += width
+        return out
+
+    def postprocess(self, actions: np.ndarray, context: PostprocessContext) -> np.ndarray:
+        """Normalised [B, A, >= action_dim] -> robot actions float32 [B, A, action_dim]."""
+        actions = np.asarray(actions)
+        if context.tag != self.tag:
+            raise InvalidRequest(f"postprocess context is for {context.tag!r}, this embodiment is {self.tag!r}")
+        if actions.ndim != 3 or actions.shape[0] != context.batch_size or actions.shape[2] < self.action_dim:
+            raise InvalidRequest(
+                f"actions: expected (B={context.batch_size}, A, >= {self.action_dim}), received {actions.shape}"
+            )
+        # 1. slice + un-normalise each key
+        per_key = {k: self.action_normalisers[k].unnormalise(v) for k, v in self.split_actions(actions).items()}
+        # 2. relative -> absolute
+        for rule in self.relative_actions:
+            per_key[rule.action_key] = rule(per_key[rule.action_key], context.state[rule.state_key])
+        # 3. gripper rule
+        for rule in self.gripper_rules:
+            per_key[rule.action_key] = rule(per_key[rule.action_key])
+        return np.concatenate([per_key[k] for k in self.action_keys], axis=-1).astype(np.float32)

@@ -1,0 +1,655 @@
+"""The batched DreamZero inference loop: one action chunk for each of B sessions per `generate` call.
+
+Per chunk and session (dreamzero-model.md, "One action chunk"):
+  1. decide whether the session restarts (new / evicted, reset requested, step mismatch, prompt changed, 1-frame
+     input after the first call, window full);
+  2. T5 of prompt and negative prompt (cached per session);
+  3. restart: CLIP of the anchor frame, VAE of [anchor, zeros...] -> first-frame conditioning `y`, prefill of the
+     anchor latent at frame 0; otherwise VAE of [first frame, each new frame twice] and prefill of the last
+     `num_frame_per_block` latents at `current_start_frame - num_frame_per_block`;
+  4. noise from the row's seed (CPU generator: independent of batch composition and device);
+  5. two flow-UniPC schedulers (video, action); the DiT runs on the steps the static mask or the dynamic
+     cosine-similarity rule allows, conditional and unconditional rows batched into one forward; guidance on video
+     only, the action follows the conditional prediction;
+  6. `current_start_frame += num_frame_per_block`, `step += 1`.
+Rows whose sessions sit at different frame positions (different KV lengths / RoPE offsets) run as separate forwards.
+`prefill_block` and `denoise_block` are the loop itself, usable with a bare DiT (the parity test drives them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dreamzero.config import DiTConfig, PipelineConfig
+from dreamzero.errors import ConfigError, InvalidObservation
+from dreamzero.model.dit import CausalWanDiT
+from dreamzero.model.scheduler import FlowUniPCScheduler
+from dreamzero.sessions import BRANCHES, SessionState, SessionStore
+from dreamzero.types import ChunkResult, ModelBatch, SessionReport
+
+log = logging.getLogger(__name__)
+
+DEFAULT_NEGATIVE_PROMPT = (
+    "Vibrant colors, overexposed, static, blurry details, text, subtitles, style, artwork, painting, image, still, "
+    "grayscale, dull, worst quality, low quality, JPEG artifacts, ugly, mutilated, extra fingers, bad hands, bad face, "
+    "deformed, disfigured, mutated limbs, fused fingers, stagnant image, cluttered background, three legs, many people "
+    "in the background, walking backwards."
+)
+_MASK_CHANNELS = 4  # `y` = 4 first-frame mask channels + z latent channels (i2v)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 1. Config checks and the step plan
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def validate_pipeline_config(cfg: PipelineConfig) -> None:
+    """Fail early, naming the field, on knobs the loop cannot honour."""
+    if cfg.num_inference_steps < 1:
+        raise ConfigError(f"pipeline.num_inference_steps must be >= 1, got {cfg.num_inference_steps}")
+    if cfg.dit_step_mask is not None:
+        mask = tuple(bool(m) for m in cfg.dit_step_mask)
+        if len(mask) != cfg.num_inference_steps:
+            raise ConfigError(
+                f"pipeline.dit_step_mask has {len(mask)} entries but num_inference_steps is {cfg.num_inference_steps}; "
+                "give one bool per step or null for every step"
+            )
+        if not mask[0]:
+            raise ConfigError("pipeline.dit_step_mask[0] must be true: the first step has no prediction to reuse")
+    if cfg.dynamic_skip_warmup < 1:
+        raise ConfigError(f"pipeline.dynamic_skip_warmup must be >= 1, got {cfg.dynamic_skip_warmup}")
+    for thr, n in cfg.dynamic_skip_thresholds:
+        if not (-1.0 <= thr <= 1.0) or n < 0:
+            raise ConfigError(f"pipeline.dynamic_skip_thresholds entry ({thr}, {n}) needs -1 <= sim <= 1, steps >= 0")
+    if cfg.model_input_hw is not None and (len(cfg.model_input_hw) != 2 or min(cfg.model_input_hw) < 1):
+        raise ConfigError(f"pipeline.model_input_hw must be (height, width) or null, got {cfg.model_input_hw}")
+
+
+class StepPlan:
+    """Which scheduler steps run the DiT: the static mask, every step, or the dynamic cosine-similarity rule."""
+
+    def __init__(self, cfg: PipelineConfig):
+        self.cfg = cfg
+        self._skip_left = 0
+        self._prev_v: torch.Tensor | None = None
+
+    def should_run(self, i: int) -> bool:
+        if self.cfg.dynamic_skip:
+            if i < self.cfg.dynamic_skip_warmup or self._skip_left == 0:
+                return True
+            self._skip_left -= 1
+            return False
+        mask = self.cfg.dit_step_mask
+        return True if mask is None else bool(mask[i])
+
+    def observe(self, i: int, v: torch.Tensor) -> None:
+        """After a DiT step: compare the guided video velocity with the previous one and plan the next skip.
+
+        Rows of one forward share the decision, so the least similar row decides (min over rows).
+        """
+        if not self.cfg.dynamic_skip:
+            return
+        if self._prev_v is not None and i >= self.cfg.dynamic_skip_warmup:
+            sim = F.cosine_similarity(v.flatten(1).float(), self._prev_v.flatten(1).float(), dim=1).min().item()
+            for thr, n in sorted(self.cfg.dynamic_skip_thresholds, reverse=True):
+                if sim > thr:
+                    self._skip_left = n
+                    break
+        self._prev_v = v
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 2. The loop on a bare DiT: prefill and denoise of one block for G rows
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def branch_rows(x: torch.Tensor | None, guided: bool) -> torch.Tensor | None:
+    """[G, ...] -> [2G, ...] (cond rows, then uncond rows) when guidance runs, else unchanged."""
+    if x is None or not guided:
+        return x
+    return torch.cat([x, x], dim=0)
+
+
+@torch.no_grad()
+def prefill_block(
+    dit: CausalWanDiT,
+    latents: torch.Tensor,
+    *,
+    context_emb: torch.Tensor,
+    kv_cache: list[torch.Tensor] | None,
+    start_frame: int,
+    y: torch.Tensor | None = None,
+) -> list[torch.Tensor]:
+    """Write clean latents [R, z, F, h, w] (t = 0) at `start_frame` into the caches; returns the new per-layer caches.
+
+    R rows are whatever the caller batches (typically cond + uncond rows of G sessions); `y` [R, Cy, F, h, w].
+    """
+    t = torch.zeros(latents.shape[0], latents.shape[2], dtype=torch.long, device=latents.device)
+    out = dit(latents, t, kv_cache=kv_cache, current_start_frame=start_frame, context_emb=context_emb, y=y)
+    return out.kv_cache
+
+
+@dataclass
+class DenoiseResult:
+    video: torch.Tensor  # [G, z, F, h, w] fp32 predicted clean latents
+    action: torch.Tensor  # [G, A, action_dim] fp32 predicted normalised actions
+    dit_steps: int  # DiT forwards run (each covers all 2G rows)
+
+
+@torch.no_grad()
+def denoise_block(
+    dit: CausalWanDiT,
+    cfg: PipelineConfig,
+    *,
+    video_noise: torch.Tensor,
+    action_noise: torch.Tensor,
+    state: torch.Tensor,
+    context_emb: torch.Tensor,
+    kv_cache: list[torch.Tensor],
+    start_frame: int,
+    y: torch.Tensor | None = None,
+) -> DenoiseResult:
+    """Denoise one block for G rows: video_noise [G, z, F, h, w], action_noise [G, A, ad], state [G, 1, S].
+
+    With guidance (cfg_scale != 1) `context_emb` and `kv_cache` hold 2G rows (cond rows first, then uncond) and
+    `y` G rows; without guidance all hold G rows. Samples stay fp32 whatever the DiT's dtype.
+    """
+    guided = cfg.cfg_scale != 1.0
+    g = video_noise.shape[0]
+    video_sched = FlowUniPCScheduler(cfg.num_inference_steps, cfg.sigma_shift)
+    action_sched = FlowUniPCScheduler(cfg.num_inference_steps, cfg.sigma_shift)
+    plan = StepPlan(cfg)
+    x, a = video_noise.float(), action_noise.float()
+    state_rows, y_rows = branch_rows(state, guided), branch_rows(y, guided)
+    v = v_action = None
+    steps = 0
+    for i, t in enumerate(video_sched.timesteps.tolist()):
+        if plan.should_run(i) or v is None:
+            n = 2 * g if guided else g
+            timestep = torch.full((n, x.shape[2]), t, dtype=torch.long, device=x.device)
+            timestep_action = torch.full((n, a.shape[1]), t, dtype=torch.long, device=x.device)
+            out = dit(
+                branch_rows(x, guided),
+                timestep,
+                kv_cache=kv_cache,
+                current_start_frame=start_frame,
+                context_emb=context_emb,
+                y=y_rows,
+                action=branch_rows(a, guided),
+                timestep_action=timestep_action,
+                state=state_rows,
+            )
+            pred_v, pred_a = out.video.float(), out.action.float()
+            if guided:  # guidance on video only; the action follows the conditional branch
+                v = pred_v[g:] + cfg.cfg_scale * (pred_v[:g] - pred_v[g:])
+                v_action = pred_a[:g]
+            else:
+                v, v_action = pred_v, pred_a
+            plan.observe(i, v)
+            steps += 1
+        x = video_sched.step(v, i, x)
+        a = action_sched.step(v_action, i, a)
+    return DenoiseResult(video=x, action=a, dit_steps=steps)
+
+
+def stack_caches(states: list[SessionState], branches: Iterable[str]) -> list[torch.Tensor]:
+    """Per-layer [2, R, L, N, d] from the sessions' caches, rows ordered branch-major (all cond, then all uncond)."""
+    per_row = [s.kv_cache[b] for b in branches for s in states]
+    return [torch.cat([row[layer] for row in per_row], dim=1) for layer in range(len(per_row[0]))]
+
+
+def split_caches(caches: list[torch.Tensor], states: list[SessionState], branches: tuple[str, ...]) -> None:
+    """Store the rows of batched caches back into the sessions (cloned: a session must not pin the batch tensor)."""
+    g = len(states)
+    for bi, branch in enumerate(branches):
+        for si, state in enumerate(states):
+            r = bi * g + si
+            state.kv_cache[branch] = [c[:, r : r + 1].clone() for c in caches]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 3. Per-row bookkeeping
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Row:
+    index: int
+    state: SessionState
+    restarted: bool
+    reason: str | None
+    seed: int
+
+
+class _Timer:
+    """Accumulates wall time per stage; synchronises CUDA so GPU work is charged to the stage that queued it."""
+
+    def __init__(self, device: torch.device):
+        self.ms: dict[str, float] = defaultdict(float)
+        self._cuda = device.type == "cuda"
+
+    @contextmanager
+    def __call__(self, stage: str):
+        if self._cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self._cuda:
+                torch.cuda.synchronize()
+            self.ms[stage] += (time.perf_counter() - t0) * 1000.0
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4. The pipeline
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class DreamZeroPipeline:
+    """A DreamZero model plus session store: `generate(ModelBatch) -> ChunkResult` for any mix of sessions."""
+
+    def __init__(self, model, config: PipelineConfig | None = None, store: SessionStore | None = None):
+        self.model = model
+        self.dit: CausalWanDiT = model.model
+        self.dit_cfg: DiTConfig = self.dit.cfg
+        model_cfg = getattr(model, "config", None)
+        self.config = config or (model_cfg.pipeline if model_cfg is not None else PipelineConfig())
+        validate_pipeline_config(self.config)
+        self.store = store if store is not None else SessionStore()
+        self.action_horizon = int(getattr(model_cfg, "action_horizon", self.dit_cfg.num_action_per_block))
+        self.max_action_dim = self.dit_cfg.action_dim
+        if self.action_horizon > self.dit_cfg.num_action_per_block:
+            raise ConfigError(
+                f"action_horizon {self.action_horizon} exceeds dit.num_action_per_block "
+                f"{self.dit_cfg.num_action_per_block}"
+            )
+        if self.dit_cfg.has_image_input and getattr(model, "image_encoder", None) is None:
+            raise ConfigError("an i2v DiT needs model.image_encoder (CLIP); the model has none")
+        p = next(self.dit.parameters())
+        self.device, self.dtype = p.device, p.dtype
+
+    # -- construction ------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        model_path=None,
+        *,
+        device=None,
+        dtype=None,
+        overrides: dict | None = None,
+        tokenizer_path=None,
+        max_sessions: int = 64,
+        session_ttl_s: float | None = None,
+    ) -> DreamZeroPipeline:
+        """Load a checkpoint directory (None: the embedded tiny default) and wrap it with a session store.
+
+        `overrides` replaces PipelineConfig fields by name (e.g. {"dynamic_skip": True}).
+        """
+        from dreamzero.checkpoint import load_model
+
+        if model_path is None:
+            from dreamzero.embedded_default import default_model_dir
+
+            model_path = default_model_dir()
+        model = load_model(model_path, device=device, dtype=dtype, tokenizer_path=tokenizer_path)
+        config = apply_overrides(model.config.pipeline, overrides)
+        return cls(model, config, SessionStore(max_sessions=max_sessions, ttl_s=session_ttl_s))
+
+    # -- session control -----------------------------------------------------------------------------------------------
+
+    def reset_sessions(self, session_ids: Iterable[str]) -> None:
+        """Restart these sessions at their next call (reason "reset_requested"); unknown ids are ignored."""
+        for sid in session_ids:
+            state, _ = self.store.lookup(sid)
+            if state is not None:
+                state.reset_pending = True
+
+    def drop_sessions(self, session_ids: Iterable[str]) -> int:
+        return self.store.drop(session_ids)
+
+    def stats(self) -> dict:
+        return self.store.stats()
+
+    # -- generate ------------------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def generate(self, batch: ModelBatch, return_latents: bool = False, noise: Mapping | None = None) -> ChunkResult:
+        """One action chunk per row. `noise` (tests/parity): {"video": [B, z, F, h, w], "action": [B, A, ad]}."""
+        t_start = time.perf_counter()
+        timer = _Timer(self.device)
+        self._validate(batch)
+        with timer("inputs"):
+            frames = self._model_frames(batch.images)  # [B, T, 3, H, W] in [-1, 1]
+        rows = self._resolve(batch)
+        try:
+            return self._generate(batch, rows, frames, timer, t_start, return_latents, noise)
+        except Exception:
+            # a failed call may have advanced some caches but not the frame positions: forget these sessions so
+            # their state is never reused silently (their next call restarts as a new session)
+            self.store.drop([r.state.session_id for r in rows])
+            raise
+
+    def _generate(self, batch, rows, frames, timer, t_start, return_latents, noise) -> ChunkResult:
+        n = len(batch)
+        # 1. text (cached per session; only new / changed prompts are encoded, in one call)
+        with timer("text"):
+            self._encode_text(rows, batch)
+
+        # 2. restarted rows: anchor conditioning and prefill at frame 0
+        restarts = [r for r in rows if r.restarted]
+        if restarts:
+            anchor_t = frames.shape[1] - 1 if frames.shape[1] > 1 else 0
+            anchors = frames[[r.index for r in restarts], anchor_t]  # [G, 3, H, W]
+            self._start_sessions(restarts, anchors, timer)
+
+        # 3. continuing rows: prefill the observed block, grouped by frame position
+        continuing = [r for r in rows if not r.restarted]
+        for group in _group_by(continuing, lambda r: r.state.current_start_frame):
+            self._prefill_observed(group, frames, timer)
+
+        # 4. denoise, grouped by frame position (restarted rows all sit at frame 1)
+        actions = torch.zeros(n, self.action_horizon, self.max_action_dim)
+        latents: list[torch.Tensor | None] = [None] * n
+        dit_steps = 0
+        for group in _group_by(rows, lambda r: r.state.current_start_frame):
+            res = self._denoise(group, batch, noise, timer)
+            dit_steps = max(dit_steps, res.dit_steps)
+            act = res.action[:, : self.action_horizon].cpu()
+            for gi, r in enumerate(group):
+                actions[r.index, :, : act.shape[2]] = act[gi]
+                latents[r.index] = res.video[gi].cpu()
+                r.state.current_start_frame += self.dit_cfg.num_frame_per_block
+                r.state.step += 1
+
+        # 5. store and report
+        ids = [r.state.session_id for r in rows]
+        for r in rows:
+            self.store.put(r.state, protect=ids)
+            if r.restarted:
+                self.store.record_restart(r.reason)
+        reports = [
+            SessionReport(
+                session_id=r.state.session_id,
+                step=r.state.step,
+                restarted=r.restarted,
+                restart_reason=r.reason,
+                frame_position=r.state.current_start_frame,
+            )
+            for r in rows
+        ]
+        timer.ms["total"] = (time.perf_counter() - t_start) * 1000.0
+        return ChunkResult(
+            actions=actions.numpy().astype(np.float32),
+            sessions=reports,
+            video_latents=torch.stack(latents).numpy().astype(np.float32) if return_latents else None,
+            timings_ms=dict(timer.ms),
+            dit_steps=dit_steps,
+        )
+
+    # -- stages --------------------------------------------------------------------------------------------------------
+
+    def _validate(self, batch: ModelBatch) -> None:
+        n = len(batch.session_ids)
+        if n == 0:
+            raise InvalidObservation("session_ids is empty: a batch needs at least one row", field="session_ids")
+        if any(not isinstance(s, str) or not s for s in batch.session_ids):
+            raise InvalidObservation("every session id must be a non-empty string", field="session_ids")
+        if len(set(batch.session_ids)) != n:
+            dup = sorted({s for s in batch.session_ids if batch.session_ids.count(s) > 1})
+            raise InvalidObservation(f"session ids must be unique within a batch; repeated: {dup}", field="session_ids")
+        img = batch.images
+        if not isinstance(img, np.ndarray) or img.ndim != 5 or img.shape[-1] != 3 or img.dtype != np.uint8:
+            got = f"{getattr(img, 'dtype', type(img).__name__)} {getattr(img, 'shape', '')}"
+            raise InvalidObservation(f"images must be uint8 [B, T, H, W, 3], got {got}", field="images")
+        if img.shape[0] != n:
+            raise InvalidObservation(f"images has {img.shape[0]} rows, session_ids has {n}", field="images")
+        block = 2 * self.dit_cfg.num_frame_per_block  # new frames per chunk (4 on DROID)
+        if img.shape[1] not in (1, block):
+            raise InvalidObservation(
+                f"images must hold 1 or {block} frames per row, got {img.shape[1]}", field="images"
+            )
+        want = (n, 1, self.dit_cfg.max_state_dim)
+        if not isinstance(batch.state, np.ndarray) or tuple(batch.state.shape) != want:
+            raise InvalidObservation(
+                f"state must be float [B, 1, {want[2]}], got {getattr(batch.state, 'shape', None)}", field="state"
+            )
+        if not np.isfinite(batch.state).all():
+            raise InvalidObservation("state holds NaN or inf", field="state")
+        for name in ("prompts", "negative_prompts", "reset_mask", "expected_steps", "seeds"):
+            value = getattr(batch, name)
+            if value is not None and len(value) != n:
+                raise InvalidObservation(f"{name} has {len(value)} entries, the batch has {n} rows", field=name)
+        if batch.seeds is not None and any(not isinstance(s, (int, np.integer)) or s < 0 for s in batch.seeds):
+            raise InvalidObservation("seeds must be non-negative integers", field="seeds")
+
+    def _model_frames(self, images: np.ndarray) -> torch.Tensor:
+        """uint8 [B, T, H, W, 3] -> [B, T, 3, H', W'] in [-1, 1] at the model's input size (bilinear resize)."""
+        x = torch.from_numpy(np.ascontiguousarray(images)).to(self.device)
+        b, t, h, w, _ = x.shape
+        x = x.permute(0, 1, 4, 2, 3).reshape(b * t, 3, h, w).float() / 127.5 - 1.0
+        hw = self.config.model_input_hw
+        if hw is not None and tuple(hw) != (h, w):
+            x = F.interpolate(x, size=tuple(hw), mode="bilinear", align_corners=False)
+        return x.reshape(b, t, 3, x.shape[-2], x.shape[-1])
+
+    def _resolve(self, batch: ModelBatch) -> list[_Row]:
+        """Find or create each row's session and decide whether (and why) it restarts."""
+        n = len(batch)
+        single_frame = batch.images.shape[1] == 1
+        rows = []
+        for i, sid in enumerate(batch.session_ids):
+            prompt = batch.prompts[i]
+            negative = batch.negative_prompts[i] if batch.negative_prompts else DEFAULT_NEGATIVE_PROMPT
+            state, reason = self.store.lookup(sid)
+            expected = batch.expected_steps[i] if batch.expected_steps else None
+            if state is None:
+                pass  # reason is "new_session" or "evicted"
+            elif (batch.reset_mask and batch.reset_mask[i]) or state.reset_pending:
+                reason = "reset_requested"
+            elif expected is not None and int(expected) != state.step:
+                reason = "step_mismatch"
+            elif prompt != state.prompt or negative != state.negative_prompt:
+                reason = "prompt_changed"
+            elif single_frame:
+                reason = "single_frame"
+            elif state.current_start_frame >= self.dit_cfg.max_attention_frames:
+                reason = "window_full"
+            if reason is not None:
+                old_text = state.text_cache if state is not None else {}
+                keep = {}
+                if state is not None and state.prompt == prompt and "cond" in old_text:
+                    keep["cond"] = old_text["cond"]
+                if state is not None and state.negative_prompt == negative and "uncond" in old_text:
+                    keep["uncond"] = old_text["uncond"]
+                state = SessionState(session_id=sid, prompt=prompt, negative_prompt=negative, text_cache=keep)
+            seed = int(batch.seeds[i]) if batch.seeds is not None else self.config.default_seed
+            rows.append(_Row(index=i, state=state, restarted=reason is not None, reason=reason, seed=seed))
+        assert len(rows) == n
+        return rows
+
+    def _encode_text(self, rows: list[_Row], batch: ModelBatch) -> None:
+        todo: list[tuple[_Row, str, str]] = []
+        for r in rows:
+            for branch, text in (("cond", r.state.prompt), ("uncond", r.state.negative_prompt)):
+                if branch not in r.state.text_cache:
+                    todo.append((r, branch, text))
+        if not self._guided:
+            todo = [t for t in todo if t[1] == "cond"]
+        if not todo:
+            return
+        unique = sorted({text for _, _, text in todo})
+        emb = self.model.text_encoder.encode(unique).to(self.device, self.dtype)  # [U, 512, text_dim]
+        lookup = {text: emb[j : j + 1] for j, text in enumerate(unique)}
+        for r, branch, text in todo:
+            r.state.text_cache[branch] = lookup[text].clone()  # a session must not pin the batch tensor
+
+    @property
+    def _guided(self) -> bool:
+        return self.config.cfg_scale != 1.0
+
+    @property
+    def _branches(self) -> tuple[str, ...]:
+        return BRANCHES if self._guided else BRANCHES[:1]
+
+    def _vae_encode(self, video: torch.Tensor) -> torch.Tensor:
+        """[G, 3, T, H, W] in [-1, 1] -> normalised latents [G, z, T', h, w] fp32; checks the token count."""
+        lat = self.model.vae.encode(video.to(self.dtype)).float()
+        p = self.dit_cfg.patch_size
+        tokens = (lat.shape[-2] // p[1]) * (lat.shape[-1] // p[2])
+        if tokens != self.dit_cfg.frame_seqlen:
+            raise InvalidObservation(
+                f"images give {tokens} tokens per latent frame (latent {tuple(lat.shape[-2:])}), the model expects "
+                f"dit.frame_seqlen={self.dit_cfg.frame_seqlen}; send the embodiment's canvas size or set "
+                "pipeline.model_input_hw",
+                field="images",
+            )
+        return lat
+
+    def _context_emb(self, states: list[SessionState], clip: list[torch.Tensor | None]) -> torch.Tensor:
+        """Cross-attention context for the rows of one forward, branch-major: [R, (257 +) 512, D]."""
+        text = torch.cat([s.text_cache[b] for b in self._branches for s in states])
+        img = None
+        if self.dit_cfg.has_image_input:
+            img = torch.cat([c for _ in self._branches for c in clip])
+        return self.dit.embed_context(text, img)
+
+    def _start_sessions(self, rows: list[_Row], anchors: torch.Tensor, timer: _Timer) -> None:
+        """Restarted rows: CLIP + first-frame conditioning, then prefill of the anchor latent at frame 0."""
+        cfg = self.dit_cfg
+        states = [r.state for r in rows]
+        g = len(rows)
+        if cfg.has_image_input:
+            with timer("clip"):
+                clip = self.model.image_encoder.encode(anchors.to(self.dtype)).to(self.dtype)  # [G, 257, image_dim]
+        with timer("vae"):
+            if cfg.has_image_input and cfg.concat_first_frame_latent:
+                # [anchor, zeros...] over the whole window -> latents of every frame position; mask 1 on frame 0
+                n_frames = self.config.num_frames
+                video = torch.zeros(g, 3, n_frames, *anchors.shape[-2:], device=self.device)
+                video[:, :, 0] = anchors
+                lat = self._vae_encode(video)  # [G, z, max_attention_frames, h, w]
+                mask = torch.zeros(g, _MASK_CHANNELS, *lat.shape[2:], device=self.device)
+                mask[:, :, 0] = 1.0
+                y = torch.cat([mask, lat], dim=1).to(self.dtype)
+                if y.shape[1] + cfg.out_dim != cfg.in_dim:
+                    raise ConfigError(f"y has {y.shape[1]} channels; dit.in_dim {cfg.in_dim} expects {cfg.in_dim - 16}")
+                first_latent = lat[:, :, :1]
+            else:
+                y = None
+                first_latent = self._vae_encode(anchors.unsqueeze(2))[:, :, :1]
+        for gi, s in enumerate(states):
+            s.first_frame = anchors[gi].to(self.dtype).clone()
+            s.clip_feature = clip[gi : gi + 1] if cfg.has_image_input else None
+            s.y = y[gi : gi + 1] if y is not None else None
+            s.latent_hw = tuple(first_latent.shape[-2:])
+            s.current_start_frame = 0
+        with timer("prefill"):
+            ctx = self._context_emb(states, [s.clip_feature for s in states])
+            caches = prefill_block(
+                self.dit,
+                branch_rows(first_latent, self._guided).to(self.dtype),
+                context_emb=ctx,
+                kv_cache=None,
+                start_frame=0,
+                y=branch_rows(y[:, :, :1], self._guided) if y is not None else None,
+            )
+        split_caches(caches, states, self._branches)
+        for s in states:
+            s.current_start_frame = 1
+
+    def _prefill_observed(self, rows: list[_Row], frames: torch.Tensor, timer: _Timer) -> None:
+        """Continuing rows at one frame position: VAE of [first frame, each new frame twice], prefill the last block."""
+        nfpb = self.dit_cfg.num_frame_per_block
+        states = [r.state for r in rows]
+        csf = states[0].current_start_frame
+        with timer("vae"):
+            new = frames[[r.index for r in rows]].repeat_interleave(2, dim=1)  # [G, 2T, 3, H, W]
+            first = torch.stack([s.first_frame.float() for s in states]).unsqueeze(1)  # [G, 1, 3, H, W]
+            video = torch.cat([first, new], dim=1).permute(0, 2, 1, 3, 4)  # [G, 3, 1 + 2T, H, W]
+            lat = self._vae_encode(video)[:, :, -nfpb:]  # [G, z, nfpb, h, w]
+        start = csf - nfpb
+        y = torch.cat([s.y[:, :, start:csf] for s in states]) if self.dit_cfg.has_image_input else None
+        with timer("prefill"):
+            ctx = self._context_emb(states, [s.clip_feature for s in states])
+            caches = prefill_block(
+                self.dit,
+                branch_rows(lat, self._guided).to(self.dtype),
+                context_emb=ctx,
+                kv_cache=stack_caches(states, self._branches),
+                start_frame=start,
+                y=branch_rows(y, self._guided),
+            )
+        split_caches(caches, states, self._branches)
+
+    def _noise(self, rows: list[_Row], shape_v: tuple, noise: Mapping | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-row noise from the row's seed on a CPU generator (or the caller's), fp32 on the model device."""
+        shape_a = (self.dit_cfg.num_action_per_block, self.dit_cfg.action_dim)
+        if noise is not None:
+            v = torch.as_tensor(np.asarray(noise["video"]))[[r.index for r in rows]].float()
+            a = torch.as_tensor(np.asarray(noise["action"]))[[r.index for r in rows]].float()
+            if tuple(v.shape[1:]) != tuple(shape_v) or tuple(a.shape[1:]) != shape_a:
+                raise ValueError(
+                    f"noise shapes {tuple(v.shape)}, {tuple(a.shape)}; want [B, *{shape_v}], [B, *{shape_a}]"
+                )
+            return v.to(self.device), a.to(self.device)
+        vs, acts = [], []
+        for r in rows:
+            # a fresh generator per tensor, as upstream re-seeds per call: identical across calls and batch layouts
+            vs.append(torch.randn(shape_v, generator=torch.Generator().manual_seed(r.seed)))
+            acts.append(torch.randn(shape_a, generator=torch.Generator().manual_seed(r.seed)))
+        return torch.stack(vs).to(self.device), torch.stack(acts).to(self.device)
+
+    def _denoise(self, rows: list[_Row], batch: ModelBatch, noise: Mapping | None, timer: _Timer) -> DenoiseResult:
+        cfg = self.dit_cfg
+        states = [r.state for r in rows]
+        csf, nfpb = states[0].current_start_frame, cfg.num_frame_per_block
+        video_noise, action_noise = self._noise(rows, (cfg.out_dim, nfpb, *states[0].latent_hw), noise)
+        state = torch.from_numpy(np.ascontiguousarray(batch.state[[r.index for r in rows]])).float().to(self.device)
+        y = torch.cat([s.y[:, :, csf : csf + nfpb] for s in states]) if cfg.has_image_input else None
+        if y is not None and y.shape[2] != nfpb:
+            raise RuntimeError(f"frame position {csf} is past the conditioning window ({states[0].y.shape[2]} frames)")
+        with timer("denoise"):
+            ctx = self._context_emb(states, [s.clip_feature for s in states])
+            return denoise_block(
+                self.dit,
+                self.config,
+                video_noise=video_noise,
+                action_noise=action_noise,
+                state=state,
+                context_emb=ctx,
+                kv_cache=stack_caches(states, self._branches),
+                start_frame=csf,
+                y=y,
+            )
+
+
+def apply_overrides(config: PipelineConfig, overrides: dict | None) -> PipelineConfig:
+    """PipelineConfig with fields replaced by name; unknown names fail with the known ones."""
+    if not overrides:
+        return config
+    known = {f.name for f in dataclasses.fields(PipelineConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(f"unknown pipeline override(s) {unknown}; known: {sorted(known)}")
+    out = dataclasses.replace(config, **overrides)
+    validate_pipeline_config(out)
+    return out
+
+
+def _group_by(rows: list[_Row], key) -> list[list[_Row]]:
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault(key(r), []).append(r)
+    return list(groups.values())

@@ -1,0 +1,166 @@
+"""`dreamzero-eval`: run the DROID simulation evaluation against a policy server (or the embedded policy).
+
+Defaults: the local MuJoCo scene, scenes 1-3, 1 episode each, the OpenPI WebSocket at 127.0.0.1:8000, open-loop
+horizon 8. Writes videos, per-step JSON, summary.json / summary.md and report.html under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dreamzero.errors import ConfigError, MissingDependency
+
+
+@dataclass
+class CliArgs:
+    sim: str
+    scenes: list[int]
+    episodes: int
+    policy: str
+    host: str
+    port: int
+    path: str
+    url: str | None
+    api_key: str | None
+    timeout_s: float
+    model_path: str | None
+    open_loop_horizon: int
+    max_steps: int | None
+    out: Path
+    seed: int
+    render: str
+    image_size: list[int]
+    no_video: bool
+    no_progress: bool
+    no_report: bool
+    isaac_layout: str
+    isaac_device: str
+    isaac_asset_root: str | None
+    isaac_object_names: list[str] | None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dreamzero-eval", description=__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    g = p.add_argument_group("simulation")
+    g.add_argument("--sim", choices=("mujoco", "isaac"), default="mujoco", help="simulator behind the env contract")
+    g.add_argument("--scenes", type=int, nargs="+", choices=(1, 2, 3), default=[1, 2, 3], help="DROID scenes to run")
+    g.add_argument("--episodes", type=int, default=1, help="episodes per scene")
+    g.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the env's, 450)")
+    g.add_argument("--seed", type=int, default=0, help="base seed (object placement jitter)")
+    g.add_argument("--render", choices=("quality", "fast"), default="quality",
+                   help="MuJoCo rendering: meshes, or collision geometry only (fast, for CI)")  # fmt: skip
+    g.add_argument("--image-size", type=int, nargs=2, default=[180, 320], metavar=("H", "W"),
+                   help="MuJoCo camera resolution (the policy always gets resize_with_pad to 180x320)")  # fmt: skip
+    g = p.add_argument_group("policy")
+    g.add_argument("--policy", choices=("openpi", "http", "embedded"), default="openpi", help="how to reach the policy")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--path", default="/", help="OpenPI WebSocket path (e.g. /v1/realtime/robot/openpi)")
+    g.add_argument("--url", default=None, help="HTTP base URL (default http://HOST:PORT)")
+    g.add_argument("--api-key", default=None)
+    g.add_argument("--timeout-s", type=float, default=120.0, help="per-call timeout")
+    g.add_argument("--model-path", default=None, help="embedded policy checkpoint (default: the tiny random model)")
+    g.add_argument("--open-loop-horizon", type=int, default=8, help="chunk rows executed before the next query")
+    g = p.add_argument_group("outputs")
+    g.add_argument("--out", type=Path, default=None, help="run directory (default runs/droid-eval-<time>)")
+    g.add_argument("--no-video", action="store_true", help="skip the mp4s")
+    g.add_argument("--no-report", action="store_true", help="skip report.html")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g = p.add_argument_group("isaac lab (sim-evals)")
+    g.add_argument("--isaac-layout", choices=("auto", "legacy", "per_scene"), default="auto",
+                   help="'legacy': DROID + set_scene; 'per_scene': DROID-CubeInBowl, ...")  # fmt: skip
+    g.add_argument("--isaac-device", default="cuda:0")
+    g.add_argument("--isaac-asset-root", default=None, help="sets SIM_EVALS_ASSET_ROOT")
+    g.add_argument("--isaac-object-names", nargs=2, default=None, metavar=("OBJECT", "TARGET"),
+                   help="rigid-object names in the Isaac scene used by the success rule")  # fmt: skip
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> CliArgs:
+    ns = build_parser().parse_args(argv)
+    args = CliArgs(**vars(ns))
+    if args.out is None:
+        args.out = Path("runs") / time.strftime("droid-eval-%Y%m%d-%H%M%S")
+    for name in ("episodes", "open_loop_horizon"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise ConfigError(f"--max-steps: expected >= 1, got {args.max_steps}")
+    return args
+
+
+def make_env_factory(args: CliArgs):
+    if args.sim == "mujoco":
+        from eval.mujoco_droid.env import MujocoDroidEnv
+
+        def factory(scene: int):
+            return MujocoDroidEnv(scene, image_size=tuple(args.image_size), render_quality=args.render,
+                                  max_episode_steps=args.max_steps or 450)  # fmt: skip
+
+        return factory
+    from eval.isaac_sim_evals import make_isaac_env
+
+    def isaac_factory(scene: int):
+        names = tuple(args.isaac_object_names) if args.isaac_object_names else None
+        return make_isaac_env(scene, layout=args.isaac_layout, device=args.isaac_device,
+                              asset_root=args.isaac_asset_root, max_episode_steps=args.max_steps or 450,
+                              object_names=names)  # fmt: skip
+
+    return isaac_factory
+
+
+def make_link(args: CliArgs):
+    from eval.policy_links import EmbeddedLink, HttpLink, OpenPILink
+
+    if args.policy == "openpi":
+        return OpenPILink(args.host, port=args.port, path=args.path, api_key=args.api_key, timeout_s=args.timeout_s)
+    if args.policy == "http":
+        url = args.url or f"http://{args.host}:{args.port}"
+        return HttpLink(url, api_key=args.api_key, timeout_s=args.timeout_s)
+    return EmbeddedLink(model_path=args.model_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from eval.runner import EvalConfig, run_evaluation
+
+    try:
+        args = parse_args(argv)
+        link = make_link(args)
+    except (ConfigError, MissingDependency) as exc:
+        print(f"dreamzero-eval: {exc}", file=sys.stderr)
+        return 2
+    config = EvalConfig(
+        out_dir=args.out,
+        scenes=tuple(args.scenes),
+        episodes_per_scene=args.episodes,
+        open_loop_horizon=args.open_loop_horizon,
+        max_steps=args.max_steps,
+        seed=args.seed,
+        record_video=not args.no_video,
+        extra={"simulator": args.sim, "policy": args.policy, "render": args.render},
+    )
+    try:
+        summary = run_evaluation(make_env_factory(args), link, config, show_progress=not args.no_progress)
+    except (ConfigError, MissingDependency) as exc:
+        print(f"dreamzero-eval: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        link.close()
+    from eval.summary import summary_markdown
+
+    print(summary_markdown(summary))
+    if not args.no_report:
+        from eval.report import write_report
+
+        print(f"report: {write_report(args.out)}")
+    print(f"outputs: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""`MujocoDroidEnv`: the local DROID-like scene as a gymnasium env that follows `eval.env_contract`.
+
+Control matches DROID's: 15 Hz absolute joint targets for the 7 arm joints (position actuators, gravity compensated)
+plus a gripper command in [0, 1] (1 closed). Observations carry the same keys as the Isaac Lab sim-evals adapter.
+Rendering is headless (set MUJOCO_GL=egl before mujoco is imported; this module sets it when unset).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import gymnasium as gym  # noqa: E402
+import mujoco  # noqa: E402
+import numpy as np  # noqa: E402
+
+from dreamzero.errors import ConfigError  # noqa: E402
+from eval.env_contract import IMAGE_KEYS  # noqa: E402
+from eval.mujoco_droid.scene import (  # noqa: E402
+    ARM_JOINTS,
+    CONTROL_HZ,
+    FINGER_JOINTS,
+    FINGER_OPEN_M,
+    HOME_QPOS,
+    SUBSTEPS,
+    build_scene,
+    scene_spec,
+)
+from eval.success import placed_in  # noqa: E402
+
+RENDER_QUALITIES = ("quality", "fast")
+#: our camera names, in the order of IMAGE_KEYS
+_CAMERAS = ("exterior_cam_0", "exterior_cam_1", "wrist_cam")
+_GRIPPER_CTRL_OPEN = 255.0  # franky-sim's hand actuator: 255 = open, 0 = closed
+
+
+class MujocoDroidEnv(gym.Env):
+    """DROID scene 1, 2 or 3 on MuJoCo (CPU). See `eval.env_contract` for the observation / action layout."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": CONTROL_HZ}
+
+    def __init__(
+        self,
+        scene_id: int = 1,
+        image_size: tuple[int, int] = (180, 320),
+        render_quality: str = "quality",
+        max_episode_steps: int = 450,
+        object_jitter_m: float = 0.02,
+        terminate_on_success: bool = False,
+        render_mode: str | None = None,
+    ):
+        if render_quality not in RENDER_QUALITIES:
+            raise ConfigError(f"render_quality: expected one of {RENDER_QUALITIES}, got {render_quality!r}")
+        if max_episode_steps < 1:
+            raise ConfigError(f"max_episode_steps: expected >= 1, got {max_episode_steps}")
+        height, width = (int(v) for v in image_size)
+        if not (16 <= height <= 720 and 16 <= width <= 1280):
+            raise ConfigError(f"image_size: expected (H, W) within (16..720, 16..1280), got {image_size}")
+        if render_mode not in (None, "rgb_array"):
+            raise ConfigError(f"render_mode: expected None or 'rgb_array', got {render_mode!r}")
+        self.scene = scene_spec(scene_id)
+        self.scene_id = scene_id
+        self.instruction = self.scene.instruction
+        self.control_hz = CONTROL_HZ
+        self.max_episode_steps = max_episode_steps
+        self.render_mode = render_mode
+        self._jitter = float(object_jitter_m)
+        self._terminate_on_success = terminate_on_success
+
+        # 1. Model, data and index lookups
+        self.model = build_scene(scene_id)
+        self.data = mujoco.MjData(self.model)
+        self._arm_qpos = np.array([self.model.joint(j).qposadr[0] for j in ARM_JOINTS])
+        self._finger_qpos = np.array([self.model.joint(j).qposadr[0] for j in FINGER_JOINTS])
+        self._bodies = {name: self.model.body(name).id for name in (self.scene.object_name, self.scene.target_name)}
+        self._free_qpos = {
+            name: self.model.joint(f"{name}_free").qposadr[0] for name in (self.scene.object_name, self.scene.target_name)
+        }
+        lo, hi = self.model.jnt_range[[self.model.joint(j).id for j in ARM_JOINTS]].T
+        self.joint_low, self.joint_high = lo.copy(), hi.copy()
+
+        # 2. Spaces
+        self.action_space = gym.spaces.Box(
+            low=np.append(lo, 0.0).astype(np.float32), high=np.append(hi, 1.0).astype(np.float32), dtype=np.float32
+        )
+        image = gym.spaces.Box(0, 255, shape=(height, width, 3), dtype=np.uint8)
+        self.observation_space = gym.spaces.Dict(
+            {
+                **{key: image for key in IMAGE_KEYS},
+                # joints can overshoot their limits by a hair under contact, so the bound is loose
+                "joint_position": gym.spaces.Box(-2 * np.pi, 2 * np.pi, shape=(7,), dtype=np.float32),
+                "gripper_position": gym.spaces.Box(0.0, 1.0, shape=(1,), dtype=np.float32),
+            }
+        )
+
+        # 3. Renderer: "fast" draws collision geometry only, no multisampling (CI); "quality" draws the meshes
+        self.model.vis.quality.offsamples = 0 if render_quality == "fast" else 4
+        self._renderer = mujoco.Renderer(self.model, height=height, width=width)
+        self._scene_option = mujoco.MjvOption()
+        if render_quality == "fast":
+            self._scene_option.geomgroup[2] = 0  # visual meshes off
+            self._scene_option.geomgroup[3] = 1  # collision meshes on
+        self._renderer.scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
+        self._renderer.scene.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+        self._steps = 0
+
+    # -- gymnasium API -----------------------------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        mujoco.mj_resetData(self.model, self.data)
+        self.data.qpos[self._arm_qpos] = HOME_QPOS
+        self.data.qpos[self._finger_qpos] = FINGER_OPEN_M
+        for name, xy in ((self.scene.object_name, self.scene.object_xy), (self.scene.target_name, self.scene.target_xy)):
+            adr = self._free_qpos[name]
+            jitter = self.np_random.uniform(-self._jitter, self._jitter, size=2) if self._jitter > 0 else np.zeros(2)
+            self.data.qpos[adr : adr + 3] = [xy[0] + jitter[0], xy[1] + jitter[1], 0.0]
+            self.data.qpos[adr + 3 : adr + 7] = [1.0, 0.0, 0.0, 0.0]
+        self.data.ctrl[:7] = HOME_QPOS
+        self.data.ctrl[7] = _GRIPPER_CTRL_OPEN
+        mujoco.mj_forward(self.model, self.data)
+        self._steps = 0
+        return self._observation(), self._info()
+
+    def step(self, action):
+        action = np.asarray(action, dtype=np.float64).reshape(-1)
+        if action.shape != (8,) or not np.all(np.isfinite(action)):
+            raise ConfigError(f"action: expected 8 finite floats (7 joint targets + gripper), got {action.shape}")
+        self.data.ctrl[:7] = np.clip(action[:7], self.joint_low, self.joint_high)
+        self.data.ctrl[7] = _GRIPPER_CTRL_OPEN * (1.0 - float(np.clip(action[7], 0.0, 1.0)))
+        mujoco.mj_step(self.model, self.data, nstep=SUBSTEPS)
+        self._steps += 1
+        success = self.is_success()
+        terminated = bool(success and self._terminate_on_success)
+        truncated = self._steps >= self.max_episode_steps
+        return self._observation(), float(success), terminated, truncated, self._info(success)
+
+    def render(self):
+        if self.render_mode != "rgb_array":
+            return None
+        images = self._images()
+        return np.concatenate([images[k] for k in IMAGE_KEYS], axis=1)
+
+    def close(self):
+        if getattr(self, "_renderer", None) is not None:
+            self._renderer.close()
+            self._renderer = None
+
+    # -- DROID contract extras ---------------------------------------------------------------------------------------
+    def object_poses(self) -> dict[str, np.ndarray]:
+        return {
+            name: np.concatenate([self.data.xpos[bid], self.data.xquat[bid]]).astype(np.float64)
+            for name, bid in self._bodies.items()
+        }
+
+    def is_success(self) -> bool:
+        poses = self.object_poses()
+        return placed_in(poses[self.scene.object_name], poses[self.scene.target_name])
+
+    def tcp_position(self) -> np.ndarray:
+        """Tool centre point in the base frame (the base sits at the world origin)."""
+        return self.data.site("tcp").xpos.copy()
+
+    # -- internals ---------------------------------------------------------------------------------------------------
+    def _images(self) -> dict[str, np.ndarray]:
+        images = {}
+        for key, cam in zip(IMAGE_KEYS, _CAMERAS):
+            self._renderer.update_scene(self.data, camera=cam, scene_option=self._scene_option)
+            images[key] = self._renderer.render().copy()
+        return images
+
+    def _observation(self) -> dict[str, np.ndarray]:
+        fingers = self.data.qpos[self._finger_qpos].sum() / (2 * FINGER_OPEN_M)  # 1 open .. 0 closed
+        return {
+            **self._images(),
+            "joint_position": self.data.qpos[self._arm_qpos].astype(np.float32),
+            "gripper_position": np.array([np.clip(1.0 - fingers, 0.0, 1.0)], dtype=np.float32),
+        }
+
+    def _info(self, success: bool | None = None) -> dict:
+        return {
+            "scene_id": self.scene_id,
+            "success": self.is_success() if success is None else success,
+            "step": self._steps,
+        }

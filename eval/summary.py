@@ -1,0 +1,88 @@
+"""Run summary: success rate per scene with a Wilson 95% interval, server calls, latency percentiles, failures."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (sensible at 0/n and n/n, unlike the normal approximation)."""
+    if trials <= 0:
+        return (0.0, 1.0)
+    if not 0 <= successes <= trials:
+        raise ValueError(f"successes: expected 0..{trials}, got {successes}")
+    p = successes / trials
+    denom = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def latency_stats(latencies_ms: list[float]) -> dict:
+    if not latencies_ms:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+    arr = np.asarray(latencies_ms, dtype=np.float64)
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return {"count": int(arr.size), "mean": float(arr.mean()), "p50": float(p50), "p90": float(p90),
+            "p99": float(p99), "max": float(arr.max())}  # fmt: skip
+
+
+def summarize(episodes: list[dict]) -> dict:
+    """`episodes`: the runner's episode dicts (scene_id, success, failure, server_calls, latencies_ms, ...).
+
+    A failed episode (the policy link broke) counts as an unsuccessful trial: the success rate is over every episode
+    that was attempted, and `failed` says how many of those never finished.
+    """
+    per_scene: dict[int, dict] = {}
+    for scene in sorted({ep["scene_id"] for ep in episodes}):
+        eps = [ep for ep in episodes if ep["scene_id"] == scene]
+        wins = sum(bool(ep["success"]) for ep in eps)
+        lo, hi = wilson_interval(wins, len(eps))
+        per_scene[scene] = {
+            "instruction": eps[0].get("instruction"),
+            "episodes": len(eps),
+            "successes": wins,
+            "success_rate": wins / len(eps),
+            "ci95": [lo, hi],
+            "failed": sum(ep["failure"] is not None for ep in eps),
+        }
+    wins = sum(bool(ep["success"]) for ep in episodes)
+    latencies = [ms for ep in episodes for ms in ep.get("latencies_ms", [])]
+    failures = [
+        {"scene_id": ep["scene_id"], "episode": ep["episode"], "session_id": ep.get("session_id"), **ep["failure"]}
+        for ep in episodes
+        if ep["failure"] is not None
+    ]
+    return {
+        "episodes": len(episodes),
+        "successes": wins,
+        "success_rate": wins / len(episodes) if episodes else None,
+        "ci95": list(wilson_interval(wins, len(episodes))),
+        "per_scene": per_scene,
+        "server_calls": sum(ep.get("server_calls", 0) for ep in episodes),
+        "latency_ms": latency_stats(latencies),
+        "failed_episodes": len(failures),
+        "failure_reasons": dict(Counter(f["reason"] for f in failures)),
+        "failures": failures,
+        "steps": sum(ep.get("steps", 0) for ep in episodes),
+    }
+
+
+def summary_markdown(summary: dict) -> str:
+    """A short human-readable table of the summary (written next to summary.json)."""
+    lines = ["| scene | instruction | success | 95% CI | failed |", "|---|---|---|---|---|"]
+    for scene, s in summary["per_scene"].items():
+        lines.append(f"| {scene} | {s['instruction']} | {s['successes']}/{s['episodes']} ({s['success_rate']:.0%}) "
+                     f"| {s['ci95'][0]:.2f}-{s['ci95'][1]:.2f} | {s['failed']} |")  # fmt: skip
+    lat = summary["latency_ms"]
+    lines.append("")
+    lines.append(f"Server calls: {summary['server_calls']}; steps: {summary['steps']}.")
+    if lat["count"]:
+        lines.append(f"Latency per call (ms): p50 {lat['p50']:.1f}, p90 {lat['p90']:.1f}, p99 {lat['p99']:.1f}, "
+                     f"mean {lat['mean']:.1f}.")  # fmt: skip
+    for f in summary["failures"]:
+        lines.append(f"- scene {f['scene_id']} episode {f['episode']}: {f['reason']} at step {f['step']}: {f['message']}")
+    return "\n".join(lines) + "\n"

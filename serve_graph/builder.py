@@ -1,0 +1,92 @@
+"""`build_app(args)`: the only place where plain classes become Ray Serve deployments.
+
+`serve run serve_config.yaml` imports `serve_graph.builder:build_app` and passes the YAML `args`; they are validated
+first (`serve_graph.config`), so a bad value fails at start with a message that says how to fix it.
+
+    Ingress ──(raw obs)──> Preprocess ──(ModelBatch)──> Policy (sticky, N replicas) ──> Postprocess ──> reply
+          └────────────── normalised form skips pre/post ───────────────┘
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from deployments.ingress import IngressDeployment
+from deployments.policy import PolicyDeployment
+from deployments.postprocess import PostprocessDeployment
+from deployments.preprocess import PreprocessDeployment, load_embodiment
+from dreamzero.errors import ConfigError
+from serve_graph.config import AppArgs, CpuStageArgs, parse_app_args
+from serve_graph.routing import sticky_router_config
+
+#: deployment names (stable: tests, metrics dashboards and `deployments:` overrides in YAML refer to them)
+INGRESS, PREPROCESS, POLICY, POSTPROCESS = "Ingress", "Preprocess", "Policy", "Postprocess"
+
+
+def _cpu_options(name: str, stage: CpuStageArgs) -> dict[str, Any]:
+    return {
+        "name": name,
+        "num_replicas": stage.num_replicas,
+        "max_ongoing_requests": stage.max_ongoing_requests,
+        "ray_actor_options": {"num_cpus": stage.num_cpus},
+    }
+
+
+def policy_options(cfg: AppArgs) -> dict[str, Any]:
+    """Deployment options of the policy: GPUs per replica, sticky router, fixed or autoscaled replica count."""
+    p = cfg.policy
+    opts: dict[str, Any] = {
+        "name": POLICY,
+        "max_ongoing_requests": p.max_ongoing_requests,
+        "max_queued_requests": p.max_queued_requests,
+        "ray_actor_options": {"num_cpus": p.num_cpus, "num_gpus": p.num_gpus},
+        "request_router_config": sticky_router_config(p.num_virtual_nodes),
+        # loading a 14B checkpoint takes minutes; do not let Serve declare the replica dead while it loads
+        "health_check_timeout_s": 120.0,
+        "graceful_shutdown_timeout_s": 30.0,
+    }
+    if p.autoscaling is not None:
+        opts["autoscaling_config"] = p.autoscaling.to_ray()
+    else:
+        opts["num_replicas"] = p.num_replicas
+    return opts
+
+
+def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
+    """Validate `args` and bind the graph; raises ConfigError naming the bad field."""
+    cfg = parse_app_args(args)
+    # Fail at start (not on the first request) for an unknown embodiment or unreadable metadata.
+    try:
+        load_embodiment(cfg.embodiment, cfg.metadata_path, cfg.model_path)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"args.embodiment / args.metadata_path: {exc}") from exc
+
+    preprocess = serve.deployment(PreprocessDeployment, **_cpu_options(PREPROCESS, cfg.preprocess)).bind(
+        cfg.embodiment, cfg.metadata_path, cfg.model_path
+    )
+    postprocess = serve.deployment(PostprocessDeployment, **_cpu_options(POSTPROCESS, cfg.postprocess)).bind(
+        cfg.embodiment, cfg.metadata_path, cfg.model_path
+    )
+    policy = serve.deployment(PolicyDeployment, **policy_options(cfg)).bind(
+        model_path=cfg.model_path,
+        device=cfg.resolved_device,
+        dtype=cfg.dtype,
+        pipeline_overrides=dict(cfg.pipeline),
+        max_sessions=cfg.sessions.max_sessions,
+        session_ttl_s=cfg.sessions.ttl_s,
+        batching=cfg.batching.enabled,
+        max_batch_size=cfg.batching.max_batch_size,
+        batch_wait_timeout_s=cfg.batching.batch_wait_timeout_s,
+        return_latents=cfg.return_latents,
+    )
+    ingress_cls = serve.ingress()(IngressDeployment)  # the ASGI app is built per replica by the class itself
+    # The key is resolved here: the ingress replica's process may not see the env var named by api_key_env.
+    ingress_args = cfg.model_copy(update={"api_key": cfg.resolved_api_key, "api_key_env": None}).model_dump()
+    return serve.deployment(ingress_cls, **_cpu_options(INGRESS, cfg.ingress)).bind(
+        preprocess, policy, postprocess, ingress_args
+    )

@@ -1,0 +1,229 @@
+"""Typed arguments of the serving app (`args:` of `serve_config.yaml`), validated before anything starts.
+
+`parse_app_args(dict)` turns the YAML `args` into `AppArgs` or raises `ConfigError` whose message names every bad
+field and says how to fix it. Every field carries a description: `docs/serving.md` is the readable reference.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from dreamzero.config import PipelineConfig
+from dreamzero.errors import ConfigError
+
+MIB = 1024 * 1024
+
+
+class _Strict(BaseModel):
+    # A typo in the YAML must fail loudly rather than be ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AutoscalingArgs(_Strict):
+    """Ray Serve autoscaling of the policy deployment (replaces `num_replicas` when given)."""
+
+    min_replicas: int = Field(1, ge=0, description="Fewest policy replicas kept alive (0 lets it scale to zero).")
+    max_replicas: int = Field(1, ge=1, description="Most policy replicas (each holds the model and `num_gpus` GPUs).")
+    initial_replicas: int | None = Field(None, ge=0, description="Replicas started first; default `min_replicas`.")
+    target_ongoing_requests: float = Field(
+        2.0, gt=0, description="Ongoing requests per replica that autoscaling aims for (Ray's default is 2)."
+    )
+    upscale_delay_s: float = Field(30.0, ge=0, description="How long load must stay high before adding a replica.")
+    downscale_delay_s: float = Field(
+        600.0, ge=0, description="How long load must stay low before removing a replica (its sessions restart)."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingArgs:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas}); raise max_replicas"
+            )
+        if self.initial_replicas is not None and not self.min_replicas <= self.initial_replicas <= self.max_replicas:
+            raise ValueError("initial_replicas must lie between min_replicas and max_replicas")
+        return self
+
+    def to_ray(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class CpuStageArgs(_Strict):
+    """Replicas and resources of a CPU stage (ingress, preprocess, postprocess)."""
+
+    num_replicas: int = Field(1, ge=1, description="Replicas of this stage.")
+    num_cpus: float = Field(
+        0.0, ge=0, description="CPUs reserved per replica; 0 lets several replicas share a small machine."
+    )
+    max_ongoing_requests: int = Field(64, ge=1, description="Concurrent requests one replica accepts.")
+
+
+class PolicyArgs(_Strict):
+    """Replicas, resources and routing of the policy deployment (the only model holder)."""
+
+    num_replicas: int = Field(1, ge=1, description="Fixed replica count; ignored when `autoscaling` is set.")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per replica: 1 on a GPU machine, 0 for the CPU default.")
+    num_cpus: float = Field(0.0, ge=0, description="CPUs reserved per replica.")
+    autoscaling: AutoscalingArgs | None = Field(None, description="Autoscaling instead of a fixed replica count.")
+    max_ongoing_requests: int = Field(
+        16, ge=1, description="Requests one replica runs at once (dynamic batching draws from these)."
+    )
+    max_queued_requests: int = Field(
+        256,
+        ge=-1,
+        description="Requests queued per caller for a busy replica before 503 + Retry-After (-1: unbounded).",
+    )
+    num_virtual_nodes: int = Field(100, ge=1, description="Virtual nodes per replica on the session hash ring.")
+
+
+class SessionArgs(_Strict):
+    """The bounded per-replica session store."""
+
+    max_sessions: int = Field(
+        128, ge=1, description="Sessions one replica keeps; the least recently used idle one is evicted beyond it."
+    )
+    ttl_s: float = Field(900.0, gt=0, description="Idle seconds after which a session is evicted.")
+
+
+class BatchingArgs(_Strict):
+    """Dynamic batching of concurrent requests on one policy replica."""
+
+    enabled: bool = Field(True, description="Batch concurrent compatible requests into one forward pass.")
+    max_batch_size: int = Field(16, ge=1, description="Most requests merged into one batch.")
+    batch_wait_timeout_s: float = Field(
+        0.005, ge=0, le=1.0, description="How long the first request of a batch waits for company."
+    )
+
+
+class HttpArgs(_Strict):
+    """Limits of the HTTP and WebSocket front door."""
+
+    max_body_bytes: int = Field(64 * MIB, ge=1024, description="Largest request body; larger ones get 413.")
+    ws_max_message_bytes: int = Field(64 * MIB, ge=1024, description="Largest inbound WebSocket message.")
+    ws_idle_timeout_s: float = Field(30.0, gt=0, description="A WebSocket silent this long is closed (code 1000).")
+    request_timeout_s: float = Field(
+        300.0, gt=0, description="Bound on one request's trip through the graph; past it the client gets 503."
+    )
+    retry_after_s: float = Field(1.0, gt=0, description="`Retry-After` sent with 503 when no better hint exists.")
+
+
+class AppArgs(_Strict):
+    """Everything `build_app` needs. Only `model_path` changes between the CPU default and a GPU deployment."""
+
+    model_path: str | None = Field(
+        None, description="Checkpoint directory (HF layout with config.json); null builds the embedded tiny model."
+    )
+    model_name: str = Field("dreamzero", min_length=1, description="Name reported by /v1/models and echoed back.")
+    embodiment: str = Field("oxe_droid", min_length=1, description="Embodiment tag used for the raw form and WS.")
+    metadata_path: str | None = Field(
+        None,
+        description="metadata.json with normalisation statistics; default: the checkpoint's "
+        "experiment_cfg/metadata.json, else the embodiment's bundled synthetic statistics.",
+    )
+    device: str | None = Field(None, description="Torch device; default cuda when num_gpus > 0, else cpu.")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="Weights dtype; default bfloat16 on GPU, float32 on CPU."
+    )
+    pipeline: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides of the inference loop (dreamzero.config.PipelineConfig), e.g. num_inference_steps.",
+    )
+    return_latents: bool = Field(False, description="Ask the policy for predicted video latents (debugging).")
+    api_key: str | None = Field(
+        None, description="Required key (`Authorization: Bearer <key>` or `Api-Key <key>`); null disables auth."
+    )
+    api_key_env: str | None = Field(
+        None, description="Name of an environment variable holding the API key (wins over `api_key`)."
+    )
+    route_prefix: str = Field("/", description="Must match the application's route_prefix in serve_config.yaml.")
+    ingress: CpuStageArgs = Field(default_factory=CpuStageArgs, description="Ingress replicas (never load the model).")
+    preprocess: CpuStageArgs = Field(default_factory=CpuStageArgs, description="Preprocess (CPU) replicas.")
+    postprocess: CpuStageArgs = Field(default_factory=CpuStageArgs, description="Postprocess (CPU) replicas.")
+    policy: PolicyArgs = Field(default_factory=PolicyArgs, description="Policy (model) replicas.")
+    sessions: SessionArgs = Field(default_factory=SessionArgs, description="Session store bounds.")
+    batching: BatchingArgs = Field(default_factory=BatchingArgs, description="Dynamic batching.")
+    http: HttpArgs = Field(default_factory=HttpArgs, description="HTTP / WebSocket limits.")
+
+    @field_validator("model_path")
+    @classmethod
+    def _model_dir_exists(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        path = Path(v).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"{v!r} is not a directory; point model_path at a checkpoint folder or set it to null")
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{v!r} has no config.json; point model_path at the checkpoint root (HF layout)")
+        return str(path)
+
+    @field_validator("metadata_path")
+    @classmethod
+    def _metadata_exists(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).expanduser().is_file():
+            raise ValueError(f"{v!r} is not a file; give the path of a metadata.json or set it to null")
+        return None if v is None else str(Path(v).expanduser())
+
+    @field_validator("pipeline")
+    @classmethod
+    def _known_pipeline_knobs(cls, v: dict[str, Any]) -> dict[str, Any]:
+        known = [f.name for f in dataclasses.fields(PipelineConfig)]
+        for key in v:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f" Did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"unknown pipeline knob {key!r}; known: {known}.{hint}")
+        return v
+
+    @field_validator("route_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError(f"route_prefix must start with '/', got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _device_matches_gpus(self) -> AppArgs:
+        if self.device and self.device.startswith("cuda") and self.policy.num_gpus == 0:
+            raise ValueError("device is cuda but policy.num_gpus is 0; set policy.num_gpus: 1 (per replica)")
+        if self.device == "cpu" and self.policy.num_gpus > 0:
+            raise ValueError("device is cpu but policy.num_gpus > 0; set policy.num_gpus: 0 or drop device")
+        if self.api_key_env is not None and not os.environ.get(self.api_key_env):
+            raise ValueError(f"api_key_env names {self.api_key_env!r}, which is unset or empty; export it first")
+        return self
+
+    # derived values -------------------------------------------------------------------------------------------
+    @property
+    def resolved_device(self) -> str:
+        return self.device or ("cuda" if self.policy.num_gpus > 0 else "cpu")
+
+    @property
+    def resolved_api_key(self) -> str | None:
+        if self.api_key_env:
+            return os.environ[self.api_key_env]
+        return self.api_key or None
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "args"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field; check the spelling against docs/serving.md"
+        lines.append(f"  args.{where}: {msg}")
+    return "invalid serve_config.yaml args:\n" + "\n".join(lines)
+
+
+def parse_app_args(args: dict[str, Any] | AppArgs | None) -> AppArgs:
+    """Validate `args` (a dict from YAML, or an AppArgs); raise ConfigError listing every problem."""
+    if isinstance(args, AppArgs):
+        return args
+    try:
+        return AppArgs.model_validate(args or {})
+    except ValidationError as err:
+        raise ConfigError(_format_errors(err)) from None

@@ -1,0 +1,78 @@
+"""Serving metrics through Ray Serve's metrics API (exported at Ray's Prometheus endpoint, prefixed `ray_`).
+
+Inside a replica Ray adds `deployment`, `replica` and `application` tags. Metric objects are created once per
+process (Ray registers them by name) and shared by every deployment class living there.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from ray.serve.metrics import Counter, Gauge, Histogram
+
+from dreamzero.types import SessionReport
+
+#: milliseconds; covers a tiny CPU model (~1 ms stages) up to a 14B chunk (~seconds)
+LATENCY_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000]
+BATCH_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128]
+
+
+class ServingMetrics:
+    """Typed recorders for the numbers an operator watches."""
+
+    def __init__(self) -> None:
+        self.requests = Counter(
+            "dreamzero_requests_total",
+            description="Requests answered, by route, status code and request form.",
+            tag_keys=("route", "status", "form"),
+        )
+        self.stage_latency_ms = Histogram(
+            "dreamzero_stage_latency_ms",
+            description="Latency per stage (decode, preprocess, policy, postprocess, encode, total, and model stages).",
+            boundaries=LATENCY_BOUNDARIES_MS,
+            tag_keys=("stage",),
+        )
+        self.live_sessions = Gauge("dreamzero_live_sessions", description="Sessions held by this policy replica.")
+        self.session_restarts = Counter(
+            "dreamzero_session_restarts_total",
+            description="Session (re)starts reported to clients, by reason.",
+            tag_keys=("reason",),
+        )
+        self.evictions = Counter(
+            "dreamzero_session_evictions_total", description="Sessions evicted (LRU/TTL) by this policy replica."
+        )
+        self.batch_rows = Histogram(
+            "dreamzero_batch_rows",
+            description="Session rows per model call after dynamic batching.",
+            boundaries=BATCH_BOUNDARIES,
+        )
+        self.batch_requests = Histogram(
+            "dreamzero_batch_requests",
+            description="Requests merged into one dynamic batch.",
+            boundaries=BATCH_BOUNDARIES,
+        )
+        self.ws_connections = Gauge("dreamzero_ws_connections", description="Open OpenPI WebSocket connections.")
+
+    # convenience recorders ------------------------------------------------------------------------------------
+    def observe_stages(self, timings_ms: dict[str, float]) -> None:
+        for stage, ms in timings_ms.items():
+            self.stage_latency_ms.observe(float(ms), tags={"stage": stage})
+
+    def observe_sessions(self, reports: Iterable[SessionReport]) -> None:
+        for report in reports:
+            if report.restarted:
+                self.session_restarts.inc(1, tags={"reason": report.restart_reason or "unknown"})
+
+
+_lock = threading.Lock()
+_instance: ServingMetrics | None = None
+
+
+def serving_metrics() -> ServingMetrics:
+    """The process-wide metrics (Ray refuses two metrics with one name and different definitions)."""
+    global _instance
+    with _lock:
+        if _instance is None:
+            _instance = ServingMetrics()
+        return _instance

@@ -1,0 +1,99 @@
+"""One real single-node Ray cluster with Serve's HTTP proxy on a free port, shared by every cluster test.
+
+Apps are deployed the way `serve deploy` / `serve run serve_config.yaml` do it (import path + args through the
+controller), so a config-only change (replica count) scales the policy without replacing the other replicas.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+
+import httpx
+import pytest
+
+APP = "dz"
+IMPORT_PATH = "serve_graph.builder:build_app"
+#: the tiny embedded model with the cheapest loop that still exercises every stage
+BASE_ARGS = {
+    "pipeline": {"num_inference_steps": 2, "dit_step_mask": None},
+    "sessions": {"max_sessions": 64, "ttl_s": 600},
+    "batching": {"max_batch_size": 8, "batch_wait_timeout_s": 0.01},
+}
+DEPLOY_TIMEOUT_S = 240
+HTTP_TIMEOUT_S = 120
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def serve_cluster():
+    """(base_url, deploy) where deploy(args, **deployment_overrides) (re)deploys the app and waits for /health."""
+    import ray
+    from ray import serve
+    from ray.serve.schema import ServeDeploySchema
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="ray", dir="/tmp"))
+    port = _free_port()
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    base_url = f"http://127.0.0.1:{port}"
+
+    def deploy(args: dict, wait_for: int | None = None) -> None:
+        schema = ServeDeploySchema(
+            applications=[{"name": APP, "route_prefix": "/", "import_path": IMPORT_PATH, "args": args}]
+        )
+        # private but stable: the call `serve deploy` / `serve run <config>` end in
+        serve.context._get_global_client().deploy_apps(schema)
+        wait_healthy(base_url, DEPLOY_TIMEOUT_S)
+        if wait_for is not None:
+            wait_replicas("Policy", wait_for, DEPLOY_TIMEOUT_S)
+
+    try:
+        yield base_url, deploy
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def wait_healthy(base_url: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = None
+    with httpx.Client(timeout=10, trust_env=False) as client:
+        while time.monotonic() < deadline:
+            try:
+                last = client.get(f"{base_url}/health")
+                if last.status_code == 200:
+                    return
+            except httpx.HTTPError as exc:
+                last = exc
+            time.sleep(0.5)
+    raise TimeoutError(f"/health not 200 within {timeout_s} s (last: {last!r})")
+
+
+def wait_replicas(deployment: str, n: int, timeout_s: float) -> None:
+    from ray import serve
+    from ray.serve._private.common import ReplicaState
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = serve.status().applications.get(APP)
+        if status is not None and deployment in status.deployments:
+            counts = status.deployments[deployment].replica_states
+            if counts.get(ReplicaState.RUNNING, 0) == n and sum(counts.values()) == n:
+                return
+        time.sleep(0.5)
+    raise TimeoutError(f"{deployment} did not reach {n} running replicas within {timeout_s} s")
+
+
+@pytest.fixture(scope="session")
+def http(serve_cluster):
+    with httpx.Client(timeout=HTTP_TIMEOUT_S, trust_env=False) as client:
+        yield client

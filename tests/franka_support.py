@@ -1,0 +1,219 @@
+"""Fakes for the Franka client tests: a scripted in-process transport and a small OpenPI WebSocket server.
+
+The WebSocket server speaks the OpenPI wire format (msgpack with the `__ndarray__` marker, metadata frame on connect,
+`{"endpoint": "reset"}`) and answers DROID-shaped (24, 8) chunks near the pose it is sent. It records every reset
+and every session id it sees, so tests can check session handling from the server's side.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import msgpack
+import numpy as np
+
+DROID_METADATA = {
+    "image_resolution": [180, 320],
+    "n_external_cameras": 2,
+    "needs_wrist_camera": True,
+    "needs_stereo_camera": False,
+    "needs_session_id": True,
+    "action_space": "joint_position",
+}
+
+
+# 1. OpenPI msgpack codec (the `__ndarray__` marker) --------------------------------------------------------------
+def _encode(obj):
+    if isinstance(obj, np.ndarray):
+        return {b"__ndarray__": True, b"data": obj.tobytes(), b"dtype": obj.dtype.str, b"shape": list(obj.shape)}
+    if isinstance(obj, np.generic):
+        return {b"__npgeneric__": True, b"data": obj.item(), b"dtype": obj.dtype.str}
+    return obj
+
+
+def _decode(obj):
+    if b"__ndarray__" in obj or "__ndarray__" in obj:
+        get = lambda k: obj.get(k.encode(), obj.get(k))  # noqa: E731
+        return np.frombuffer(get("data"), dtype=np.dtype(get("dtype"))).reshape(get("shape"))
+    if b"__npgeneric__" in obj or "__npgeneric__" in obj:
+        get = lambda k: obj.get(k.encode(), obj.get(k))  # noqa: E731
+        return np.dtype(get("dtype")).type(get("data"))
+    return obj
+
+
+def packb(obj) -> bytes:
+    return msgpack.packb(obj, default=_encode, use_bin_type=True)
+
+
+def unpackb(data: bytes):
+    return msgpack.unpackb(data, object_hook=_decode, raw=False)
+
+
+# 2. chunks near the current pose ---------------------------------------------------------------------------------
+def chunk_near(joints: np.ndarray, call_index: int, horizon: int = 24, amplitude: float = 0.05) -> np.ndarray:
+    """(horizon, 8): a gentle sway of joint 0 and 6 around `joints`; the gripper closes on odd calls."""
+    t = np.arange(horizon) / horizon
+    chunk = np.repeat(np.asarray(joints, np.float32).reshape(1, 7), horizon, axis=0)
+    chunk[:, 0] += amplitude * np.sin(2 * np.pi * t + call_index)
+    chunk[:, 6] += amplitude * np.cos(2 * np.pi * t + call_index)
+    gripper = np.full((horizon, 1), 0.9 if call_index % 2 else 0.1, np.float32)
+    return np.concatenate([chunk, gripper], axis=1).astype(np.float32)
+
+
+# 3. in-process scripted transport --------------------------------------------------------------------------------
+class ScriptedTransport:
+    """`reply(obs, call_index)` decides each answer; `fail_from` makes every call from that index raise."""
+
+    def __init__(
+        self,
+        reply: Callable[[dict, int], object] | None = None,
+        fail_from: int | None = None,
+        delay_s: float = 0.0,
+    ):
+        self.reply = reply or (lambda obs, i: {"actions": chunk_near(obs["observation/joint_position"], i)})
+        self.fail_from = fail_from
+        self.delay_s = delay_s
+        self.calls: list[dict] = []
+        self.resets = 0
+        self.closed = False
+
+    def infer(self, obs: dict):
+        index = len(self.calls)
+        self.calls.append(obs)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        if self.fail_from is not None and index >= self.fail_from:
+            raise ConnectionError("connection refused (server killed)")
+        return self.reply(obs, index)
+
+    def reset(self, session_id: str | None = None):
+        if self.fail_from is not None and len(self.calls) >= self.fail_from:
+            raise ConnectionError("connection refused (server killed)")
+        self.resets += 1
+        return {"status": "reset successful"}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+# 4. a fake OpenPI WebSocket server -------------------------------------------------------------------------------
+class FakeOpenPIServer:
+    """Serves on 127.0.0.1:<free port> from a thread. `events` holds ("reset" | "infer", session_id) tuples."""
+
+    def __init__(self, latency_s: float = 0.0, kill_after_infers: int | None = None):
+        from websockets.sync.server import serve
+
+        self.latency_s = latency_s
+        self.kill_after_infers = kill_after_infers  # die (without answering) on this infer request
+        self.events: list[tuple] = []
+        self.killed = threading.Event()
+        self._lock = threading.Lock()
+        self._server = serve(self._handle, "127.0.0.1", 0, max_size=64 * 2**20)
+        self.port = self._server.socket.getsockname()[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-openpi", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def _record(self, *event) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def _handle(self, ws) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        if self.killed.is_set():
+            ws.close()
+            return
+        ws.send(packb(DROID_METADATA))
+        calls = 0
+        try:
+            for message in ws:
+                if self.killed.is_set():  # a dead server: drop the connection without answering
+                    ws.close()
+                    return
+                request = unpackb(message)
+                if request.get("endpoint") == "reset":
+                    self._record("reset", request.get("session_id"))
+                    ws.send(packb({"status": "reset successful"}))
+                    continue
+                session_id = request.get("session_id", "default")
+                joints = np.asarray(request["observation/joint_position"], np.float32)
+                for key in ("exterior_image_0_left", "exterior_image_1_left", "wrist_image_left"):
+                    image = request[f"observation/{key}"]
+                    assert image.shape == (180, 320, 3) and image.dtype == np.uint8, (key, image.shape)
+                self._record("infer", session_id)
+                if self.kill_after_infers is not None and self.infers() >= self.kill_after_infers:
+                    threading.Thread(target=self.kill, daemon=True).start()  # shutdown() waits for this handler
+                    return
+                time.sleep(self.latency_s)
+                ws.send(packb({"actions": chunk_near(joints, calls)}))
+                calls += 1
+        except ConnectionClosed:
+            pass
+
+    def infers(self) -> int:
+        return sum(1 for event in self.events if event[0] == "infer")
+
+    def sessions(self) -> list[str]:
+        """Distinct session ids in order of first use."""
+        seen: list[str] = []
+        for event in self.events:
+            if event[0] == "infer" and event[1] not in seen:
+                seen.append(event[1])
+        return seen
+
+    def kill(self) -> None:
+        """Behave like a killed server: drop open connections at their next message, refuse new ones."""
+        self.killed.set()
+        self._server.shutdown()
+
+    def start(self) -> FakeOpenPIServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.killed.set()
+        self._server.shutdown()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> FakeOpenPIServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# 5. a scripted operator ------------------------------------------------------------------------------------------
+class ScriptedOperator:
+    """Operator double: `at_poll` maps the n-th poll (0-based, one per control tick) to the commands it returns;
+    `waits` answers successive `wait` calls (default: START / NEXT, i.e. unattended)."""
+
+    def __init__(self, at_poll: dict | None = None, waits: list | None = None):
+        from clients.franka.operator import Operator
+
+        self._base = Operator()
+        self.at_poll = at_poll or {}
+        self.waits = list(waits or [])
+        self.polls = 0
+        self.prompts: list[str] = []
+
+    def poll(self):
+        cmds = list(self.at_poll.get(self.polls, []))
+        self.polls += 1
+        return cmds
+
+    def wait(self, accepted, prompt, timeout_s=None):
+        self.prompts.append(prompt)
+        if self.waits:
+            return self.waits.pop(0)
+        return self._base.wait(accepted, prompt, timeout_s)
+
+    def say(self, message: str) -> None:
+        self.prompts.append(message)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,106 @@
+"""The serving graph end to end in local testing mode: both request forms, sessions, errors, health, metadata."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from serve_graph import codec
+from tests.graph.helpers import content_type, decode, normalised_body, raw_body
+
+TIMEOUT_S = 120
+
+
+def call(graph, body: bytes, flavour: str = codec.OPENPI):
+    status, headers, payload = graph.generate.remote(body, content_type(flavour)).result(timeout_s=TIMEOUT_S)
+    return status, headers, decode(payload, flavour)
+
+
+@pytest.mark.parametrize("flavour", [codec.OPENPI, codec.MSGPACK_NUMPY, codec.JSON])
+def test_raw_form_returns_robot_actions_in_the_clients_flavour(graph, flavour):
+    status, headers, resp = call(graph, raw_body([f"raw-{flavour}"], flavour=flavour), flavour)
+    assert status == 200, resp
+    assert headers["content-type"] == codec.content_type_for(flavour)
+    values = np.asarray(resp["data"][0]["action"]["values"], np.float32)
+    assert values.shape == (1, 24, 8) and resp["data"][0]["action"]["shape"] == [1, 24, 8]
+    assert resp["form"] == "raw"
+    assert resp["sessions"][0] == {
+        "session_id": f"raw-{flavour}", "step": 1, "restarted": True, "restart_reason": "new_session",
+        "frame_position": resp["sessions"][0]["frame_position"],
+    }  # fmt: skip
+    assert {"preprocess", "policy", "postprocess", "decode"} <= set(resp["timings"])
+
+
+def test_normalised_form_answers_padded_normalised_chunk(graph):
+    status, _, resp = call(graph, normalised_body(["n-0", "n-1", "n-2"]))
+    assert status == 200, resp
+    values = resp["data"][0]["action"]["values"]
+    assert isinstance(values, np.ndarray) and values.dtype == np.float32 and values.shape == (3, 24, 32)
+    assert resp["form"] == "normalised"
+    assert "preprocess" not in resp["timings"]  # the normalised form skips pre/post
+    assert [s["session_id"] for s in resp["sessions"]] == ["n-0", "n-1", "n-2"]
+
+
+def test_session_continuity_reset_and_expected_step(graph):
+    sid = "continuity"
+    steps = []
+    for _ in range(2):
+        status, _, resp = call(graph, normalised_body([sid]))
+        assert status == 200
+        steps.append(resp["sessions"][0])
+    assert [s["step"] for s in steps] == [1, 2]
+    assert steps[1]["restarted"] is False
+    # the client believes the session is at step 7: the replica restarts it and says why
+    _, _, resp = call(graph, normalised_body([sid], expected_steps=[7]))
+    assert resp["sessions"][0]["restarted"] and resp["sessions"][0]["restart_reason"] == "step_mismatch"
+    assert resp["sessions"][0]["step"] == 1
+    _, _, resp = call(graph, normalised_body([sid], expected_steps=[1]))
+    assert resp["sessions"][0]["restarted"] is False and resp["sessions"][0]["step"] == 2
+    _, _, resp = call(graph, normalised_body([sid], reset_mask=[True]))
+    assert resp["sessions"][0]["restart_reason"] == "reset_requested"
+
+
+def test_raw_response_format_and_list_output(graph):
+    status, _, resp = call(
+        graph, raw_body(["fmt"], flavour=codec.JSON, response_format="raw", output_format="list"), codec.JSON
+    )
+    assert status == 200, resp
+    assert set(resp) >= {"request_id", "actions", "parameters", "sessions", "timings", "form"}
+    assert np.asarray(resp["actions"]).shape == (1, 24, 8)
+
+
+@pytest.mark.parametrize(
+    "body, ctype, status, field",
+    [
+        (b"\xc1\xc1", "application/msgpack", 400, None),
+        (b"{not json", "application/json", 400, None),
+        (b"{}", "text/plain", 415, None),
+        (codec.encode_json({"input": {"prompt": ["x"], "observation": {}}}), "application/json", 422,
+         "parameters.session_ids"),
+    ],
+)  # fmt: skip
+def test_bad_requests_get_mapped_4xx_without_touching_the_graph(graph, body, ctype, status, field):
+    got, _, payload = graph.generate.remote(body, ctype).result(timeout_s=TIMEOUT_S)
+    assert got == status
+    err = decode(payload, codec.JSON if "json" in ctype or status == 415 else codec.OPENPI)["error"]
+    assert "Traceback" not in err["message"]
+    if field:
+        assert err["field"] == field
+    ok, _, _ = call(graph, normalised_body(["still-serving"]))
+    assert ok == 200
+
+
+def test_wrong_observation_shape_names_the_field(graph):
+    body = raw_body(["bad-shape"])
+    obj = decode(body)
+    obj["input"]["observation"]["state.joint_position"] = np.zeros((1, 5), np.float32)
+    status, _, resp = call(graph, codec.encode_msgpack(obj))
+    assert status == 422
+    assert resp["error"]["field"] == "state.joint_position"
+
+
+def test_health_and_metadata(graph):
+    assert graph.health.remote().result(timeout_s=TIMEOUT_S)["status"] == "ok"
+    meta = graph.metadata.remote().result(timeout_s=TIMEOUT_S)
+    assert meta["action_horizon"] == 24 and meta["action_dim"] == 8 and meta["padded_action_dim"] == 32
+    assert meta["openpi"]["image_resolution"] == [180, 320] and meta["openpi"]["needs_session_id"] is True

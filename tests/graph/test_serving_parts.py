@@ -1,0 +1,186 @@
+"""The serving pieces that need no graph: arg validation, the error table, batching plans, WebSocket frame buffers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import numpy as np
+import pytest
+from ray import exceptions as ray_exc
+from ray.serve import exceptions as serve_exc
+
+from deployments.ingress import IngressDeployment, _WsSession
+from deployments.policy import PolicyDeployment, merge_batches, plan_groups, split_result
+from dreamzero import errors
+from dreamzero.types import ChunkResult, ModelBatch, SessionReport
+from serve_graph.builder import build_app, policy_options
+from serve_graph.config import parse_app_args
+from serve_graph.errors_http import classify, http_error_response, ws_error_frame
+from serve_graph.routing import routing_key, ws_session_id
+
+# 1. Config ---------------------------------------------------------------------------------------------------------
+
+
+def test_defaults_are_the_cpu_embedded_model():
+    cfg = parse_app_args({})
+    assert cfg.model_path is None and cfg.policy.num_gpus == 0 and cfg.resolved_device == "cpu"
+    assert cfg.http.max_body_bytes == 64 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ({"policy": {"num_gpuz": 1}}, "args.policy.num_gpuz: unknown field"),
+        ({"pipeline": {"num_inference_step": 4}}, "Did you mean 'num_inference_steps'"),
+        ({"model_path": "/nonexistent/ckpt"}, "is not a directory"),
+        ({"device": "cuda"}, "set policy.num_gpus: 1"),
+        ({"policy": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}, "raise max_replicas"),
+        ({"api_key_env": "DREAMZERO_TEST_UNSET_KEY"}, "export it first"),
+        ({"sessions": {"max_sessions": 0}}, "args.sessions.max_sessions"),
+    ],
+)
+def test_invalid_args_fail_with_a_fix(args, needle):
+    with pytest.raises(errors.ConfigError) as info:
+        parse_app_args(args)
+    assert needle in str(info.value)
+
+
+def test_unknown_embodiment_fails_at_build_time():
+    with pytest.raises(errors.ConfigError, match="oxe_droid"):
+        build_app({"embodiment": "oxe_droidd"})
+
+
+def test_policy_options_sticky_router_and_autoscaling():
+    opts = policy_options(parse_app_args({"policy": {"num_gpus": 1, "autoscaling": {"max_replicas": 4}}}))
+    assert opts["ray_actor_options"]["num_gpus"] == 1
+    assert opts["autoscaling_config"]["max_replicas"] == 4 and "num_replicas" not in opts
+    assert opts["request_router_config"].request_router_kwargs["num_fallback_replicas"] == 0
+
+
+# 2. Error table ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "exc, status",
+    [
+        (errors.InvalidRequest("x"), 400),
+        (errors.InvalidObservation("x", field="a.b"), 422),
+        (errors.UnsupportedMediaType("x"), 415),
+        (errors.PayloadTooLarge("x"), 413),
+        (errors.Unauthorized("x"), 401),
+        (errors.CapacityError("x", retry_after_s=2.5), 503),
+        (errors.NotReady("x"), 503),
+        (serve_exc.BackPressureError(num_queued_requests=3, max_queued_requests=2), 503),
+        (asyncio.TimeoutError(), 503),
+        (RuntimeError("secret internals"), 500),
+    ],
+)
+def test_error_table(exc, status):
+    reply = classify(exc)
+    assert reply.status == status
+    if status == 503:
+        assert int(reply.headers()["Retry-After"]) >= 1
+    if status == 500:
+        assert "secret" not in reply.message
+    if isinstance(exc, errors.InvalidObservation):
+        assert reply.field == "a.b" and reply.body()["error"]["field"] == "a.b"
+
+
+def test_ray_wrapped_errors_keep_their_field_and_retry_hint():
+    cause = errors.InvalidObservation("bad", field="state.joint_position")
+    wrapped = ray_exc.RayTaskError("generate", "traceback text", cause).as_instanceof_cause()
+    assert classify(wrapped).status == 422 and classify(wrapped).field == "state.joint_position"
+    resp = http_error_response(errors.CapacityError("full", retry_after_s=2.2))
+    assert resp.status_code == 503 and resp.headers["retry-after"] == "3"
+    frame = ws_error_frame(RuntimeError("boom"))
+    assert frame == {"type": "error", "message": "Internal inference error", "code": "internal_error", "status": 500}
+
+
+# 3. Routing keys ---------------------------------------------------------------------------------------------------
+
+
+def test_routing_key_prefers_the_explicit_key():
+    assert routing_key(["a", "b"]) == "a" and routing_key(["a"], "env-7") == "env-7"
+    assert ws_session_id("c1", "default") != ws_session_id("c2", "default")
+
+
+# 4. Batching -------------------------------------------------------------------------------------------------------
+
+
+def _batch(ids, t=1, hw=(8, 16)):
+    b = len(ids)
+    return ModelBatch(
+        images=np.zeros((b, t, *hw, 3), np.uint8), state=np.zeros((b, 1, 64), np.float32),
+        state_mask=np.zeros((b, 1, 64), bool), prompts=["p"] * b, session_ids=list(ids),
+    )  # fmt: skip
+
+
+def test_plan_groups_merges_compatible_requests_and_keeps_session_order():
+    batches = [_batch(["a"]), _batch(["b"]), _batch(["c"], t=4), _batch(["a"]), _batch(["d"]), _batch(["e"], t=4)]
+    # a/b/d stack; c/e have 4 frames; the second "a" must come after the group holding the first one
+    assert plan_groups(batches) == [[0, 1, 4], [2, 5], [3]]
+
+
+def test_merge_and_split_round_trip():
+    merged = merge_batches([_batch(["a", "b"]), _batch(["c"])], default_seed=1140)
+    assert merged.session_ids == ["a", "b", "c"] and merged.images.shape[0] == 3
+    assert merged.seeds == [1140] * 3 and merged.reset_mask == [False] * 3
+    result = ChunkResult(
+        actions=np.arange(3, dtype=np.float32)[:, None, None] * np.ones((3, 2, 4), np.float32),
+        sessions=[SessionReport(s, 1, True, "new_session", 1) for s in "abc"],
+    )
+    first, second = split_result(result, [2, 1])
+    assert first.actions.shape == (2, 2, 4) and second.actions[0, 0, 0] == 2.0
+    assert [s.session_id for s in second.sessions] == ["c"]
+
+
+class _CountingPipeline:
+    """Records the rows of every model call; fails any call that holds the session "boom"."""
+
+    def __init__(self):
+        from dreamzero.config import preset
+
+        self.config, self.calls = preset("tiny"), []
+
+    def generate(self, batch):
+        self.calls.append(list(batch.session_ids))
+        if "boom" in batch.session_ids:
+            raise errors.CapacityError("no room")
+        b = len(batch)
+        reports = [SessionReport(s, 1, True, "new_session", 1) for s in batch.session_ids]
+        return ChunkResult(actions=np.zeros((b, 24, 32), np.float32), sessions=reports)
+
+    def stats(self):
+        return {"live": 0, "evictions": 0}
+
+
+def test_one_failing_group_fails_only_its_own_requests(monkeypatch):
+    import deployments.policy as policy_mod
+
+    monkeypatch.setattr(policy_mod, "load_pipeline", lambda **kw: _CountingPipeline())
+    policy = PolicyDeployment()
+    batches = [_batch(["a"]), _batch(["b"]), _batch(["boom"], t=4)]
+    outcomes = asyncio.run(policy._generate_many(batches))
+    assert policy.pipeline.calls == [["a", "b"], ["boom"]]  # a and b shared one forward pass
+    assert outcomes[0].output.batch_requests == 2 and outcomes[1].output.result.sessions[0].session_id == "b"
+    assert isinstance(outcomes[2].error, errors.CapacityError) and outcomes[2].output is None
+
+
+# 5. OpenPI frame buffering -----------------------------------------------------------------------------------------
+
+
+def test_ws_frame_buffer_first_call_one_frame_then_last_four():
+    s = _WsSession("default", "ws-x:default")
+    frame = lambda v: np.full((4, 6, 3), v, np.uint8)  # noqa: E731
+    assert IngressDeployment._buffer_frames(s, "cam", frame(1), first_call=True).shape == (1, 4, 6, 3)
+    out = IngressDeployment._buffer_frames(s, "cam", frame(2), first_call=False)
+    assert out.shape == (4, 4, 6, 3) and out[:, 0, 0, 0].tolist() == [1, 1, 1, 2]  # short history: oldest repeated
+    for v in (3, 4, 5):
+        out = IngressDeployment._buffer_frames(s, "cam", frame(v), first_call=False)
+    assert out[:, 0, 0, 0].tolist() == [2, 3, 4, 5]
+    stack = np.stack([frame(v) for v in (10, 11, 12, 13)])
+    assert IngressDeployment._buffer_frames(s, "cam", stack, first_call=False) is stack  # 4-frame stacks as sent
+    assert isinstance(s.buffers["cam"], deque) and len(s.buffers["cam"]) == 4
+    with pytest.raises(errors.InvalidObservation):
+        IngressDeployment._buffer_frames(s, "cam", np.zeros((6, 3), np.uint8), first_call=False)

@@ -1,0 +1,62 @@
+"""Success rule, Wilson interval, latency percentiles and the run summary."""
+
+import pytest
+
+from eval.success import placed_in
+from eval.summary import latency_stats, summarize, summary_markdown, wilson_interval
+
+
+@pytest.mark.parametrize(
+    "obj,target,expected",
+    [
+        ((0.5, 0.0, 0.03), (0.5, 0.0, 0.0), True),
+        ((0.619, 0.0, 0.0), (0.5, 0.0, 0.0), True),  # 11.9 cm away in the plane
+        ((0.621, 0.0, 0.0), (0.5, 0.0, 0.0), False),
+        ((0.5, 0.09, 0.0), (0.5, 0.0, 0.0), True),
+        ((0.58, 0.09, 0.0), (0.5, 0.0, 0.0), False),  # 12.04 cm: the rule is on the xy distance, not per axis
+        ((0.5, 0.0, -0.079), (0.5, 0.0, 0.0), True),
+        ((0.5, 0.0, -0.081), (0.5, 0.0, 0.0), False),
+    ],
+)
+def test_placed_in(obj, target, expected):
+    assert placed_in(obj, target) is expected
+
+
+def test_wilson_interval_known_values():
+    lo, hi = wilson_interval(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+    assert wilson_interval(0, 1) == (0.0, pytest.approx(0.7935, abs=1e-4))
+    lo, hi = wilson_interval(20, 20)
+    assert hi == 1.0 and lo == pytest.approx(0.8389, abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    with pytest.raises(ValueError):
+        wilson_interval(3, 2)
+
+
+def test_latency_percentiles():
+    stats = latency_stats([float(v) for v in range(1, 101)])
+    assert stats["count"] == 100 and stats["p50"] == pytest.approx(50.5) and stats["p90"] == pytest.approx(90.1)
+    assert stats["p99"] == pytest.approx(99.01) and stats["max"] == 100.0
+    assert latency_stats([])["p50"] is None
+
+
+def _episode(scene, ep, success, failure=None, lat=(100.0,)):
+    return {"scene_id": scene, "episode": ep, "instruction": f"task {scene}", "success": success, "failure": failure,
+            "server_calls": len(lat), "latencies_ms": list(lat), "steps": 16, "session_id": f"s{scene}{ep}"}  # fmt: skip
+
+
+def test_summary_counts_failed_episodes_as_unsuccessful():
+    eps = [
+        _episode(1, 0, True),
+        _episode(1, 1, False),
+        _episode(2, 0, False, {"reason": "server_unreachable", "message": "refused", "step": 3}, lat=()),
+        _episode(2, 1, True, lat=(50.0, 150.0)),
+    ]
+    s = summarize(eps)
+    assert (s["episodes"], s["successes"], s["server_calls"]) == (4, 2, 4)
+    assert s["per_scene"][1]["success_rate"] == 0.5 and s["per_scene"][2]["failed"] == 1
+    assert s["failure_reasons"] == {"server_unreachable": 1}
+    assert s["failures"][0]["scene_id"] == 2 and s["failures"][0]["step"] == 3
+    assert s["latency_ms"]["p50"] == 100.0
+    md = summary_markdown(s)
+    assert "server_unreachable at step 3" in md and "| 1 | task 1 | 1/2 (50%)" in md

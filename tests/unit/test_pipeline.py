@@ -1,0 +1,351 @@
+"""The batched inference loop: determinism, reset rules in mixed batches, KV growth, batching invariance, shapes.
+
+Loop logic runs on the tiny DiT with small deterministic stand-in encoders (fast, and independent of the encoder
+implementations); `test_tiny_preset_end_to_end` runs the real tiny DreamZeroModel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dreamzero.config import DiTConfig, PipelineConfig, preset
+from dreamzero.errors import ConfigError, InvalidObservation
+from dreamzero.model.dit import CausalWanDiT
+from dreamzero.pipeline import DreamZeroPipeline, StepPlan, apply_overrides
+from dreamzero.sessions import SessionStore
+from dreamzero.types import ModelBatch
+
+H, W = 64, 128  # canvas sent by the tests (= tiny model_input_hw)
+
+
+# -- stand-in encoders (same call contracts as dreamzero.model.*) -------------------------------------------------------
+
+
+class StubText:
+    def __init__(self, dim: int, text_len: int = 512):
+        self.table = torch.randn(256, dim, generator=torch.Generator().manual_seed(1))
+        self.text_len = text_len
+
+    def encode(self, prompts: list[str]) -> torch.Tensor:
+        out = torch.zeros(len(prompts), self.text_len, self.table.shape[1])
+        for i, p in enumerate(prompts):
+            ids = torch.tensor(list(p.encode()[: self.text_len]), dtype=torch.long)
+            out[i, : len(ids)] = self.table[ids]  # rows past the prompt stay zero, as the real encoder's
+        return out
+
+
+class StubImage:
+    def __init__(self, dim: int):
+        self.proj = torch.randn(3, dim, generator=torch.Generator().manual_seed(2))
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:  # [B, 3, H, W] -> [B, 257, dim]
+        pooled = F.adaptive_avg_pool2d(x.float(), 16).flatten(2).transpose(1, 2)  # [B, 256, 3]
+        tokens = torch.cat([pooled.mean(1, keepdim=True), pooled], dim=1)
+        return tokens @ self.proj
+
+
+class StubVAE:
+    """Causal like Wan's: frame 0 alone, then 4 frames per latent frame; `factor`x spatial average."""
+
+    def __init__(self, z: int, factor: int):
+        self.proj = torch.randn(3, z, generator=torch.Generator().manual_seed(3))
+        self.factor = factor
+
+    def encode(self, video: torch.Tensor) -> torch.Tensor:  # [B, 3, T, H, W] -> [B, z, 1 + (T-1)/4, h, w]
+        v = video.float()
+        first = v[:, :, :1]
+        rest = v[:, :, 1:]
+        if rest.shape[2]:
+            rest = rest.unflatten(2, (-1, 4)).mean(3)
+        lat = torch.cat([first, rest], dim=2)
+        lat = F.avg_pool3d(lat, (1, self.factor, self.factor))
+        return torch.einsum("bcthw,cz->bzthw", lat, self.proj)
+
+
+def make_model(kind: str = "i2v"):
+    cfg = preset("tiny")
+    if kind == "ti2v":  # libero_5b-shaped tiny variant: no y, no CLIP, z=48, 16x VAE, 16-step horizon
+        cfg.dit = dataclasses.replace(
+            cfg.dit, model_type="ti2v", in_dim=48, out_dim=48, frame_seqlen=8, concat_first_frame_latent=False,
+            num_action_per_block=16,
+        )  # fmt: skip
+        cfg.image_encoder = None
+        cfg.action_horizon = 16
+    torch.manual_seed(0)
+    dit = CausalWanDiT(cfg.dit).eval()
+    with torch.no_grad():
+        for name, p in dit.named_parameters():  # every pathway matters (upstream zero-inits some)
+            if name.endswith("modulation"):
+                p.normal_(0, 0.3)
+            elif p.ndim == 1:
+                p.add_(torch.randn_like(p) * 0.1)
+    return SimpleNamespace(
+        model=dit,
+        config=cfg,
+        text_encoder=StubText(cfg.dit.text_dim),
+        image_encoder=StubImage(cfg.dit.image_dim) if kind == "i2v" else None,
+        vae=StubVAE(cfg.dit.out_dim, 16 if kind == "ti2v" else 8),
+    )
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model()
+
+
+def make_pipe(model, max_sessions: int = 64, **overrides) -> DreamZeroPipeline:
+    return DreamZeroPipeline(model, apply_overrides(model.config.pipeline, overrides), SessionStore(max_sessions))
+
+
+def make_batch(ids, t=1, prompts=None, seed_offset=0, **kw) -> ModelBatch:
+    rng = np.random.default_rng(len(ids) + t + seed_offset)
+    n = len(ids)
+    return ModelBatch(
+        images=rng.integers(0, 256, (n, t, H, W, 3), dtype=np.uint8),
+        state=rng.standard_normal((n, 1, 64)).astype(np.float32),
+        state_mask=np.ones((n, 1, 64), bool),
+        prompts=prompts or [f"pick up the block {i}" for i in ids],
+        session_ids=list(ids),
+        **kw,
+    )
+
+
+def rows(batch: ModelBatch, idx: list[int]) -> ModelBatch:
+    """The sub-batch of rows `idx` (same arrays, so the inputs are identical)."""
+    pick = lambda v: None if v is None else [v[i] for i in idx]  # noqa: E731
+    return ModelBatch(
+        images=batch.images[idx], state=batch.state[idx], state_mask=batch.state_mask[idx],
+        prompts=pick(batch.prompts), session_ids=pick(batch.session_ids), negative_prompts=pick(batch.negative_prompts),
+        reset_mask=pick(batch.reset_mask), expected_steps=pick(batch.expected_steps), seeds=pick(batch.seeds),
+    )  # fmt: skip
+
+
+# -- tests ----------------------------------------------------------------------------------------------------------
+
+
+def test_shapes_reports_and_timings(model):
+    pipe = make_pipe(model)
+    res = pipe.generate(make_batch(["a", "b"]), return_latents=True)
+    assert res.actions.shape == (2, 24, 32) and res.actions.dtype == np.float32
+    assert np.isfinite(res.actions).all() and np.abs(res.actions).max() > 0
+    assert res.video_latents.shape == (2, 16, 2, 8, 16)
+    assert [(s.step, s.restarted, s.restart_reason, s.frame_position) for s in res.sessions] == [
+        (1, True, "new_session", 3)
+    ] * 2
+    assert res.dit_steps == 8  # upstream static mask
+    assert {"text", "clip", "vae", "prefill", "denoise", "total"} <= set(res.timings_ms)
+    assert pipe.action_horizon == 24 and pipe.max_action_dim == 32
+    assert pipe.stats()["live"] == 2 and pipe.stats()["restarts"]["new_session"] == 2
+
+
+def test_same_seed_same_chunk_different_seed_differs(model):
+    batch = make_batch(["a"], seeds=[7])
+    first = make_pipe(model).generate(batch).actions
+    again = make_pipe(model).generate(batch).actions
+    other = make_pipe(model).generate(dataclasses.replace(batch, seeds=[8])).actions
+    np.testing.assert_array_equal(first, again)
+    assert np.abs(first - other).max() > 1e-3
+
+
+def test_batch_equals_each_session_alone(model):
+    """Row results do not depend on the batch: same noise per seed, per-row caches, per-row conditioning."""
+    pipe = make_pipe(model)
+    first = make_batch(["a", "b"], seeds=[1, 2])
+    nxt = make_batch(["a", "b"], t=4, seeds=[1, 2])
+    pipe.generate(first)
+    together = pipe.generate(nxt).actions
+    for i, sid in enumerate("ab"):
+        alone = make_pipe(model)
+        alone.generate(rows(first, [i]))
+        np.testing.assert_allclose(alone.generate(rows(nxt, [i])).actions[0], together[i], atol=1e-5, rtol=0)
+
+
+def test_rows_at_different_positions_are_grouped(model):
+    """A continuing session and a new one in one call equal the same sessions run apart."""
+    pipe = make_pipe(model)
+    pipe.generate(make_batch(["old"]))
+    mixed = make_batch(["old", "new"], t=4)
+    res = pipe.generate(mixed)
+    assert [s.frame_position for s in res.sessions] == [5, 3]
+    ref = make_pipe(model)
+    ref.generate(make_batch(["old"]))
+    np.testing.assert_allclose(ref.generate(rows(mixed, [0])).actions[0], res.actions[0], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(make_pipe(model).generate(rows(mixed, [1])).actions[0], res.actions[1], atol=1e-5)
+
+
+def test_each_reset_trigger_restarts_only_its_session(model):
+    pipe = make_pipe(model, max_sessions=5)
+    ids = ["reset", "prompt", "mismatch", "keep", "keep2"]
+    pipe.generate(make_batch(ids))
+    batch = make_batch(ids + ["fresh"], t=4)
+    batch.prompts = [f"pick up the block {i}" for i in ids + ["fresh"]]
+    batch.prompts[1] = "a different task"
+    batch.reset_mask = [True, False, False, False, False, False]
+    batch.expected_steps = [None, None, 5, 1, None, None]
+    res = pipe.generate(batch)
+    got = {s.session_id: (s.restarted, s.restart_reason, s.step) for s in res.sessions}
+    assert got == {
+        "reset": (True, "reset_requested", 1),
+        "prompt": (True, "prompt_changed", 1),
+        "mismatch": (True, "step_mismatch", 1),
+        "keep": (False, None, 2),
+        "keep2": (False, None, 2),
+        "fresh": (True, "new_session", 1),
+    }
+    # max_sessions=5 and 6 live rows: the least recently used one was evicted and says so on its next call
+    evicted = [sid for sid in ids + ["fresh"] if sid not in pipe.store]
+    assert len(evicted) == 1
+    res = pipe.generate(make_batch(evicted, t=4))
+    assert res.sessions[0].restart_reason == "evicted"
+
+
+def test_single_frame_after_first_call_restarts(model):
+    pipe = make_pipe(model)
+    pipe.generate(make_batch(["a"]))
+    res = pipe.generate(make_batch(["a"], t=1))
+    assert res.sessions[0].restart_reason == "single_frame" and res.sessions[0].frame_position == 3
+
+
+def test_explicit_reset_and_drop(model):
+    pipe = make_pipe(model)
+    pipe.generate(make_batch(["a", "b"]))
+    pipe.reset_sessions(["a", "unknown"])
+    res = pipe.generate(make_batch(["a", "b"], t=4))
+    assert [s.restart_reason for s in res.sessions] == ["reset_requested", None]
+    assert pipe.drop_sessions(["b"]) == 1
+    assert pipe.generate(make_batch(["b"], t=4)).sessions[0].restart_reason == "new_session"
+
+
+def test_kv_cache_grows_on_prefill_only_and_window_restarts(model):
+    pipe = make_pipe(model)
+    s = model.config.dit.frame_seqlen
+    lengths, positions, reasons = [], [], []
+    for call in range(6):
+        res = pipe.generate(make_batch(["a"], t=1 if call == 0 else 4))
+        state, _ = pipe.store.lookup("a")
+        lengths.append(state.kv_len())
+        positions.append(res.sessions[0].frame_position)
+        reasons.append(res.sessions[0].restart_reason)
+        assert {len(state.kv_cache[b]) for b in ("cond", "uncond")} == {2}
+    # anchor frame, then 2 observed frames per chunk; the denoised block is never cached
+    assert lengths == [1 * s, 3 * s, 5 * s, 7 * s, 1 * s, 3 * s]
+    assert positions == [3, 5, 7, 9, 3, 5]
+    assert reasons == ["new_session", None, None, None, "window_full", None]
+    assert max(lengths) <= pipe.dit.kv_window
+
+
+def test_dit_truncates_the_cache_to_the_window(model):
+    dit = model.model
+    cfg = dit.cfg
+    full = [torch.randn(2, 1, dit.kv_window, cfg.num_heads, cfg.head_dim) for _ in dit.blocks]
+    x = torch.randn(1, 16, 2, 8, 16)
+    y = torch.randn(1, 20, 2, 8, 16)
+    ctx = dit.embed_context(torch.randn(1, 512, cfg.text_dim), torch.randn(1, 257, cfg.image_dim))
+    with torch.no_grad():
+        out = dit(x, torch.zeros(1, 2, dtype=torch.long), kv_cache=full, current_start_frame=9, context_emb=ctx, y=y)
+    assert out.kv_cache[0].shape[2] == dit.kv_window
+    # the oldest 2 frames were dropped, the rest shifted: old tokens [2S:] now lead the cache
+    torch.testing.assert_close(out.kv_cache[0][:, :, : -2 * cfg.frame_seqlen], full[0][:, :, 2 * cfg.frame_seqlen :])
+
+
+def test_without_guidance_one_branch(model):
+    pipe = make_pipe(model, cfg_scale=1.0)
+    res = pipe.generate(make_batch(["a"]))
+    state, _ = pipe.store.lookup("a")
+    assert set(state.kv_cache) == {"cond"} and set(state.text_cache) == {"cond"}
+    assert res.actions.shape == (1, 24, 32)
+
+
+def test_step_plans():
+    every = StepPlan(PipelineConfig(dit_step_mask=None))
+    assert all(every.should_run(i) for i in range(16))
+    dyn = StepPlan(PipelineConfig(dynamic_skip=True))
+    v = torch.ones(1, 8)
+    ran = []
+    for i in range(16):
+        if dyn.should_run(i):
+            ran.append(i)
+            dyn.observe(i, v + 0.01 * i)  # nearly parallel velocities: skip 4 after the warm-up
+    assert ran == [0, 1, 2, 7, 12]
+    dyn = StepPlan(PipelineConfig(dynamic_skip=True))
+    g = torch.Generator().manual_seed(0)
+    ran = [i for i in range(16) if dyn.should_run(i) and dyn.observe(i, torch.randn(1, 8, generator=g)) is None]
+    assert ran == list(range(16))  # unrelated velocities: never skip
+
+
+def test_dynamic_skipping_runs_fewer_steps(model):
+    res = make_pipe(model, dynamic_skip=True, dynamic_skip_thresholds=((-1.0, 3),)).generate(make_batch(["a"]))
+    assert res.dit_steps == 2 + 4  # warm-up 2, then (run, skip 3) x 3 + run
+    assert np.isfinite(res.actions).all()
+
+
+def test_bad_input_names_the_field(model):
+    pipe = make_pipe(model)
+    with pytest.raises(InvalidObservation) as e:
+        pipe.generate(make_batch(["a", "a"]))
+    assert e.value.field == "session_ids"
+    bad = make_batch(["a"])
+    bad.images = bad.images.astype(np.float32)
+    with pytest.raises(InvalidObservation) as e:
+        pipe.generate(bad)
+    assert e.value.field == "images"
+    bad = make_batch(["a"], t=3)
+    with pytest.raises(InvalidObservation, match="1 or 4 frames"):
+        pipe.generate(bad)
+    bad = make_batch(["a"])
+    bad.state = bad.state[:, :, :8]
+    with pytest.raises(InvalidObservation) as e:
+        pipe.generate(bad)
+    assert e.value.field == "state"
+    with pytest.raises(InvalidObservation) as e:
+        pipe.generate(make_batch(["a"], seeds=[1, 2]))
+    assert e.value.field == "seeds"
+    assert len(pipe.store) == 0  # nothing half-created
+
+
+def test_bad_config_names_the_field(model):
+    with pytest.raises(ConfigError, match="dit_step_mask"):
+        make_pipe(model, dit_step_mask=(True,) * 8)
+    with pytest.raises(ConfigError, match="unknown pipeline override"):
+        make_pipe(model, cfg_scal=3.0)
+
+
+def test_ti2v_variant_has_no_first_frame_conditioning():
+    model = make_model("ti2v")
+    pipe = make_pipe(model)
+    pipe.generate(make_batch(["a"]))
+    res = pipe.generate(make_batch(["a"], t=4), return_latents=True)
+    assert res.actions.shape == (1, 16, 32) and res.video_latents.shape == (1, 48, 2, 4, 8)
+    state, _ = pipe.store.lookup("a")
+    assert state.y is None and state.clip_feature is None and state.kv_len() == 3 * 8
+
+
+def test_wrong_canvas_size_is_reported(model):
+    pipe = make_pipe(model, model_input_hw=None)
+    batch = make_batch(["a"])
+    batch.images = batch.images[:, :, :32]
+    with pytest.raises(InvalidObservation, match="frame_seqlen"):
+        pipe.generate(batch)
+
+
+def test_tiny_preset_end_to_end():
+    """The real tiny DreamZeroModel (T5, CLIP, VAE, DiT) through the loop."""
+    dz = pytest.importorskip("dreamzero.model.dreamzero")
+    model = dz.DreamZeroModel.from_config(preset("tiny"))
+    if getattr(model.text_encoder, "tokenizer", None) is None:
+        from dreamzero.embedded_default import default_model_dir
+        from dreamzero.checkpoint import load_model
+
+        model = load_model(default_model_dir())
+    pipe = DreamZeroPipeline(model)
+    res = pipe.generate(make_batch(["a"]), return_latents=True)
+    assert res.actions.shape == (1, 24, 32) and res.video_latents.shape == (1, 16, 2, 8, 16)
+    res = pipe.generate(make_batch(["a"], t=4))
+    assert res.sessions[0].step == 2 and res.sessions[0].frame_position == 5
+    assert isinstance(DiTConfig(), DiTConfig)
