@@ -239,16 +239,18 @@ class PolicyDeployment:
 
     # --- introspection ----------------------------------------------------------------------------------------
     def info(self) -> dict:
-        cfg = self.pipeline.config
+        loop_cfg = self.pipeline.config  # PipelineConfig: the inference-loop knobs in effect
+        model_cfg = getattr(getattr(self.pipeline, "model", None), "config", None)  # DreamZeroConfig when known
+        dit_cfg = getattr(model_cfg, "dit", None)
         return {
             "replica": self.replica,
-            "config_name": getattr(cfg, "name", "custom"),
-            "embodiment_tag": getattr(cfg, "embodiment_tag", None),
+            "config_name": getattr(model_cfg, "name", "custom"),
+            "embodiment_tag": getattr(model_cfg, "embodiment_tag", None),
             "action_horizon": int(self.pipeline.action_horizon),
             "max_action_dim": int(self.pipeline.max_action_dim),
-            "max_state_dim": int(cfg.dit.max_state_dim),
+            "max_state_dim": int(getattr(dit_cfg, "max_state_dim", 64)),
             "default_seed": self._default_seed(),
-            "num_inference_steps": int(cfg.pipeline.num_inference_steps),
+            "num_inference_steps": int(loop_cfg.num_inference_steps),
             "batching": self._batching,
         }
 
@@ -270,7 +272,7 @@ class PolicyDeployment:
 
     # --- helpers ----------------------------------------------------------------------------------------------
     def _default_seed(self) -> int:
-        return int(self.pipeline.config.pipeline.default_seed)
+        return int(self.pipeline.config.default_seed)
 
     def _update_session_gauges(self) -> None:
         stats = dict(self.pipeline.stats())

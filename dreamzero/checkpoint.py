@@ -143,11 +143,14 @@ def _names(items: Iterable[str], limit: int = 8) -> str:
     return ", ".join(items[:limit]) + more
 
 
-def check_layout(expected: list[ReleaseTensor], found: dict[str, tuple[str, ...]], where: str, ignore: tuple = ()):
-    """Fail with the names of missing, unexpected and misshaped tensors. found: key -> shape."""
+def check_layout(
+    expected: list[ReleaseTensor], found: dict[str, tuple[int, ...]], where: str, ignore: tuple[str, ...] = ()
+) -> None:
+    """Fail with the names of missing, unexpected and misshaped tensors. found: key -> shape; keys starting with
+    one of `ignore` may be present without being expected."""
     want = {t.name: t for t in expected}
     missing = [k for k in want if k not in found]
-    unexpected = [k for k in found if k not in want and not k.startswith(ignore or ("\0",))]
+    unexpected = [k for k in found if k not in want and not (ignore and k.startswith(ignore))]
     misshaped = [
         f"{k} (file {list(found[k])}, model {list(want[k].shape)})"
         for k in want

@@ -181,7 +181,9 @@ class LeRobotDataset:
             path = meta / "episodes.jsonl"
             if path.is_file():
                 rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-                return sorted(({"episode_index": int(r["episode_index"])} for r in rows), key=lambda r: r["episode_index"])
+                return sorted(
+                    ({"episode_index": int(r["episode_index"])} for r in rows), key=lambda r: r["episode_index"]
+                )
             files = sorted((self.root / "data").glob("**/episode_*.parquet"))
             return [{"episode_index": int(re.findall(r"\d+", f.stem)[-1])} for f in files]
         files = sorted((meta / "episodes").glob("**/*.parquet"))

@@ -179,7 +179,9 @@ def parse_embodiment_metadata(raw: dict[str, Any], tag: str) -> EmbodimentMetada
         table = statistics.get(group) if isinstance(statistics, dict) else None
         if not isinstance(table, dict) or not table:
             raise ConfigError(f"metadata[{tag!r}].statistics.{group} is missing or empty")
-        groups[group] = {sub: _parse_key_stats(s, f"metadata[{tag!r}].statistics.{group}.{sub}") for sub, s in table.items()}
+        groups[group] = {
+            sub: _parse_key_stats(s, f"metadata[{tag!r}].statistics.{group}.{sub}") for sub, s in table.items()
+        }
     modalities = entry.get("modalities") or {}
     if not isinstance(modalities, dict):
         raise ConfigError(f"metadata[{tag!r}].modalities must be an object")
@@ -224,7 +226,9 @@ def merge_metadata(*sources: dict[str, Any], overwrite: bool = False) -> dict[st
     for source in sources:
         for tag, entry in source.items():
             if tag in merged and not overwrite and merged[tag] != entry:
-                raise ConfigError(f"embodiment tag {tag!r} appears in more than one input; pass overwrite to replace it")
+                raise ConfigError(
+                    f"embodiment tag {tag!r} appears in more than one input; pass overwrite to replace it"
+                )
             merged[tag] = entry
     return merged
 

@@ -29,10 +29,10 @@ from dreamzero.metadata import compute_key_stats, merge_metadata, read_metadata_
 logger = logging.getLogger(__name__)
 
 
-def relative_deltas(action: np.ndarray, state: np.ndarray, horizon: int) -> np.ndarray:
-    """All in-episode pairs `action[t + k] - state[t]` for k in [0, horizon): [N, D] x 2 -> [M, D]."""
+def relative_deltas(action: np.ndarray, state: np.ndarray, horizon: int, frame_stride: int = 1) -> np.ndarray:
+    """In-episode pairs `action[t + k] - state[t]`, k in [0, horizon), t = 0, stride, ...: [N, D] x 2 -> [M, D]."""
     n = action.shape[0]
-    return np.concatenate([action[k:] - state[: n - k] for k in range(min(horizon, n))], axis=0)
+    return np.concatenate([(action[k:] - state[: n - k])[::frame_stride] for k in range(min(horizon, n))], axis=0)
 
 
 def _video_modalities(dataset: LeRobotDataset, video: dict[str, str]) -> dict[str, Any]:
@@ -63,9 +63,14 @@ def compute_metadata(
     preset: DatasetPreset,
     tag: str | None = None,
     max_episodes: int | None = None,
+    frame_stride: int = 1,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """{tag: {statistics, modalities, embodiment_tag}} for one dataset and one column preset."""
+    """{tag: {statistics, modalities, embodiment_tag}} for one dataset and one column preset.
+
+    frame_stride > 1 uses every k-th frame of each episode (exact statistics of a subsample): for DROID-scale data,
+    whose relative statistics otherwise hold `horizon` deltas per frame in memory.
+    """
     tag = tag or preset.tag
     state_slices, action_slices = dataset.resolve_slices(preset)
     for group, slices in (("state", state_slices), ("action", action_slices)):
@@ -86,6 +91,8 @@ def compute_metadata(
     episodes = dataset.episode_indices[:max_episodes] if max_episodes else dataset.episode_indices
     if not episodes:
         raise ConfigError(f"{dataset.root} has no episodes")
+    if frame_stride < 1:
+        raise ConfigError(f"frame_stride must be >= 1, got {frame_stride}")
 
     collected: dict[tuple[str, str], list[np.ndarray]] = {}
     for episode in tqdm(episodes, desc=f"{tag}: episodes", unit="ep", disable=not progress):
@@ -96,11 +103,15 @@ def compute_metadata(
             if s.take(frames[s.column]).shape[1] == 0:
                 width = frames[s.column].shape[1]
                 raise ConfigError(f"{s.name}={s.column}[{s.start}:{s.end}] selects no values (column width {width})")
+        relative = {}
         for action_name, state_name in preset.relative.items():
             a, s = values[("action", action_name)], values[("state", state_name)]
             if a.shape[1] != s.shape[1]:
-                raise ConfigError(f"relative action {action_name} has {a.shape[1]} dims, state {state_name} {s.shape[1]}")
-            values[("action", action_name)] = relative_deltas(a, s, preset.horizon)
+                raise ConfigError(
+                    f"relative action {action_name} has {a.shape[1]} dims, state {state_name} {s.shape[1]}"
+                )
+            relative[("action", action_name)] = relative_deltas(a, s, preset.horizon, frame_stride)
+        values = {key: v[::frame_stride] for key, v in values.items()} | relative
         for key, v in values.items():
             collected.setdefault(key, []).append(v)
 
@@ -137,6 +148,7 @@ def _build_parser() -> argparse.ArgumentParser:
                      help="describe action subkey ACTION by its deltas from state subkey STATE")  # fmt: skip
     gen.add_argument("--horizon", type=int, help="action chunk length of relative statistics")
     gen.add_argument("--max-episodes", type=int, help="use only the first N episodes")
+    gen.add_argument("--frame-stride", type=int, default=1, help="use every k-th frame (large datasets)")
     gen.add_argument("-o", "--output", type=Path, required=True, help="metadata.json to write")
     gen.add_argument("--merge", action="store_true", help="add the tag to an existing output file")
     gen.add_argument("--overwrite", action="store_true", help="with --merge: replace the tag if present")
@@ -181,7 +193,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         preset = _preset_from_args(args)
         dataset = LeRobotDataset(args.dataset)
-        result = compute_metadata(dataset, preset, max_episodes=args.max_episodes, progress=not args.no_progress)
+        result = compute_metadata(
+            dataset,
+            preset,
+            max_episodes=args.max_episodes,
+            frame_stride=args.frame_stride,
+            progress=not args.no_progress,
+        )
         if args.merge and args.output.is_file():
             result = merge_metadata(read_metadata_file(args.output), result, overwrite=args.overwrite)
         elif args.output.exists() and not args.merge:

@@ -99,7 +99,8 @@ class StepPlan:
         """
         if not self.cfg.dynamic_skip:
             return
-        if self._prev_v is not None and i >= self.cfg.dynamic_skip_warmup:
+        # the first `warmup` steps always run; from the last of them on, a similar pair may skip the next steps
+        if self._prev_v is not None and i >= self.cfg.dynamic_skip_warmup - 1:
             sim = F.cosine_similarity(v.flatten(1).float(), self._prev_v.flatten(1).float(), dim=1).min().item()
             for thr, n in sorted(self.cfg.dynamic_skip_thresholds, reverse=True):
                 if sim > thr:
@@ -574,6 +575,14 @@ class DreamZeroPipeline:
         nfpb = self.dit_cfg.num_frame_per_block
         states = [r.state for r in rows]
         csf = states[0].current_start_frame
+        size = tuple(frames.shape[-2:])
+        for s in states:
+            if tuple(s.first_frame.shape[-2:]) != size:
+                raise InvalidObservation(
+                    f"session {s.session_id!r} started with {tuple(s.first_frame.shape[-2:])} frames, got {size}; "
+                    "the canvas size cannot change within a session (reset it)",
+                    field="images",
+                )
         with timer("vae"):
             new = frames[[r.index for r in rows]].repeat_interleave(2, dim=1)  # [G, 2T, 3, H, W]
             first = torch.stack([s.first_frame.float() for s in states]).unsqueeze(1)  # [G, 1, 3, H, W]

@@ -196,7 +196,9 @@ class ReplayPolicy:
         for key in self.embodiment.action_keys:  # the embodiment's concat order, not the dataset's
             name = key.split(".", 1)[1]
             if name not in by_name:
-                raise ConfigError(f"the dataset defines actions {sorted(by_name)}, {self.embodiment.tag} needs {name!r}")
+                raise ConfigError(
+                    f"the dataset defines actions {sorted(by_name)}, {self.embodiment.tag} needs {name!r}"
+                )
             ordered.append(by_name[name])
         return ordered
 

@@ -44,18 +44,29 @@ class CliArgs:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dreamzero-eval", description=__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="dreamzero-eval", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     g = p.add_argument_group("simulation")
     g.add_argument("--sim", choices=("mujoco", "isaac"), default="mujoco", help="simulator behind the env contract")
     g.add_argument("--scenes", type=int, nargs="+", choices=(1, 2, 3), default=[1, 2, 3], help="DROID scenes to run")
     g.add_argument("--episodes", type=int, default=1, help="episodes per scene")
     g.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the env's, 450)")
     g.add_argument("--seed", type=int, default=0, help="base seed (object placement jitter)")
-    g.add_argument("--render", choices=("quality", "fast"), default="quality",
-                   help="MuJoCo rendering: meshes, or collision geometry only (fast, for CI)")  # fmt: skip
-    g.add_argument("--image-size", type=int, nargs=2, default=[180, 320], metavar=("H", "W"),
-                   help="MuJoCo camera resolution (the policy always gets resize_with_pad to 180x320)")  # fmt: skip
+    g.add_argument(
+        "--render",
+        choices=("quality", "fast"),
+        default="quality",
+        help="MuJoCo rendering: meshes, or collision geometry only (fast, for CI)",
+    )
+    g.add_argument(
+        "--image-size",
+        type=int,
+        nargs=2,
+        default=[180, 320],
+        metavar=("H", "W"),
+        help="MuJoCo camera resolution (the policy always gets resize_with_pad to 180x320)",
+    )
     g = p.add_argument_group("policy")
     g.add_argument("--policy", choices=("openpi", "http", "embedded"), default="openpi", help="how to reach the policy")
     g.add_argument("--host", default="127.0.0.1")
@@ -72,12 +83,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-report", action="store_true", help="skip report.html")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("isaac lab (sim-evals)")
-    g.add_argument("--isaac-layout", choices=("auto", "legacy", "per_scene"), default="auto",
-                   help="'legacy': DROID + set_scene; 'per_scene': DROID-CubeInBowl, ...")  # fmt: skip
+    g.add_argument(
+        "--isaac-layout",
+        choices=("auto", "legacy", "per_scene"),
+        default="auto",
+        help="'legacy': DROID + set_scene; 'per_scene': DROID-CubeInBowl, ...",
+    )
     g.add_argument("--isaac-device", default="cuda:0")
     g.add_argument("--isaac-asset-root", default=None, help="sets SIM_EVALS_ASSET_ROOT")
-    g.add_argument("--isaac-object-names", nargs=2, default=None, metavar=("OBJECT", "TARGET"),
-                   help="rigid-object names in the Isaac scene used by the success rule")  # fmt: skip
+    g.add_argument(
+        "--isaac-object-names",
+        nargs=2,
+        default=None,
+        metavar=("OBJECT", "TARGET"),
+        help="rigid-object names in the Isaac scene used by the success rule",
+    )
     return p
 
 
@@ -99,17 +119,26 @@ def make_env_factory(args: CliArgs):
         from eval.mujoco_droid.env import MujocoDroidEnv
 
         def factory(scene: int):
-            return MujocoDroidEnv(scene, image_size=tuple(args.image_size), render_quality=args.render,
-                                  max_episode_steps=args.max_steps or 450)  # fmt: skip
+            return MujocoDroidEnv(
+                scene,
+                image_size=tuple(args.image_size),
+                render_quality=args.render,
+                max_episode_steps=args.max_steps or 450,
+            )
 
         return factory
     from eval.isaac_sim_evals import make_isaac_env
 
     def isaac_factory(scene: int):
         names = tuple(args.isaac_object_names) if args.isaac_object_names else None
-        return make_isaac_env(scene, layout=args.isaac_layout, device=args.isaac_device,
-                              asset_root=args.isaac_asset_root, max_episode_steps=args.max_steps or 450,
-                              object_names=names)  # fmt: skip
+        return make_isaac_env(
+            scene,
+            layout=args.isaac_layout,
+            device=args.isaac_device,
+            asset_root=args.isaac_asset_root,
+            max_episode_steps=args.max_steps or 450,
+            object_names=names,
+        )
 
     return isaac_factory
 

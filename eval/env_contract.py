@@ -70,7 +70,9 @@ def check_droid_observation(obs: Any) -> None:
             )
     grip = float(np.asarray(obs["gripper_position"])[0])
     if not 0.0 <= grip <= 1.0:
-        raise InvalidObservation(f"observation.gripper_position: expected a value in [0, 1], got {grip}", field="gripper_position")
+        raise InvalidObservation(
+            f"observation.gripper_position: expected a value in [0, 1], got {grip}", field="gripper_position"
+        )
 
 
 def check_droid_env(env: Any, steps: int = 2, seed: int = 0) -> None:

@@ -40,5 +40,5 @@ def _resize_one(img: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def side_by_side(views: list[np.ndarray], height: int = 180, width: int = 320) -> np.ndarray:
-    """One video frame: every view padded to (height, width), concatenated left to right -> uint8 [height, n*width, 3]."""
+    """One video frame: each view padded to (height, width), left to right -> uint8 [height, n * width, 3]."""
     return np.concatenate([resize_with_pad(v, height, width) for v in views], axis=1)

@@ -101,8 +101,14 @@ def map_observation(obs: dict) -> dict[str, np.ndarray]:
 class IsaacDroidEnv(gym.Env):
     """A sim-evals env (already made) behind the DROID env contract. Build real ones with `make_isaac_env`."""
 
-    def __init__(self, env: Any, scene_id: int, max_episode_steps: int = 450, object_names: tuple[str, str] | None = None,
-                 warmup_resets: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        env: Any,
+        scene_id: int,
+        max_episode_steps: int = 450,
+        object_names: tuple[str, str] | None = None,
+        warmup_resets: int = 1,
+    ):
         if scene_id not in SCENES:
             raise ConfigError(f"scene: expected one of {sorted(SCENES)}, got {scene_id!r}")
         self.env = env
@@ -132,8 +138,13 @@ class IsaacDroidEnv(gym.Env):
         obs, reward, terminated, truncated, info = self.env.step(self._to_env_action(action))
         self._steps += 1
         truncated = bool(_numpy(truncated).reshape(-1)[0]) or self._steps >= self.max_episode_steps
-        return (map_observation(obs), float(_numpy(reward).reshape(-1)[0]), bool(_numpy(terminated).reshape(-1)[0]),
-                truncated, dict(info or {}))  # fmt: skip
+        return (
+            map_observation(obs),
+            float(_numpy(reward).reshape(-1)[0]),
+            bool(_numpy(terminated).reshape(-1)[0]),
+            truncated,
+            dict(info or {}),
+        )
 
     def _to_env_action(self, action: np.ndarray):
         import torch
@@ -148,7 +159,8 @@ class IsaacDroidEnv(gym.Env):
         except KeyError as exc:
             known = sorted(scene.keys()) if hasattr(scene, "keys") else "?"
             raise ConfigError(
-                f"object_names: the Isaac scene has no object {name!r} (it has {known}); pass object_names=(obj, target)"
+                f"object_names: the Isaac scene has no object {name!r} (it has {known}); "
+                "pass object_names=(object, target)"
             ) from exc
 
     def object_poses(self) -> dict[str, np.ndarray]:
@@ -168,7 +180,7 @@ class IsaacDroidEnv(gym.Env):
         self.env.close()
 
 
-# -- building real envs (lazy Isaac imports) ------------------------------------------------------------------------------
+# -- building real envs (lazy Isaac imports) ----------------------------------------------------------------------
 _APP = None
 
 
@@ -190,7 +202,7 @@ def _launch_isaac(headless: bool = True):
 
 
 def resolve_env_id(scene_id: int, layout: str, registered: set[str]) -> str:
-    """Which gym id to make: `layout` is "legacy" (DROID + set_scene), "per_scene", or "auto" (per-scene if registered)."""
+    """The gym id to make. layout: "legacy" (DROID + set_scene), "per_scene", "auto" (per-scene id if registered)."""
     if scene_id not in SCENES:
         raise ConfigError(f"scene: expected one of {sorted(SCENES)}, got {scene_id!r}")
     if layout not in ("auto", "legacy", "per_scene"):
@@ -201,9 +213,15 @@ def resolve_env_id(scene_id: int, layout: str, registered: set[str]) -> str:
     return LEGACY_ENV_ID
 
 
-def make_isaac_env(scene_id: int, layout: str = "auto", device: str = "cuda:0", headless: bool = True,
-                   asset_root: str | None = None, max_episode_steps: int = 450,
-                   object_names: tuple[str, str] | None = None) -> IsaacDroidEnv:  # fmt: skip
+def make_isaac_env(
+    scene_id: int,
+    layout: str = "auto",
+    device: str = "cuda:0",
+    headless: bool = True,
+    asset_root: str | None = None,
+    max_episode_steps: int = 450,
+    object_names: tuple[str, str] | None = None,
+) -> IsaacDroidEnv:
     """Make a sim-evals DROID env for `scene_id`. Raises MissingDependency (with install steps) without Isaac Lab."""
     if asset_root:
         os.environ["SIM_EVALS_ASSET_ROOT"] = str(asset_root)

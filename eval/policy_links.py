@@ -115,7 +115,9 @@ def select_frames(frames: list[dict], first_call: bool) -> list[dict]:
 
 def raw_observation(frames: list[dict]) -> dict[str, np.ndarray]:
     """The embodiment-keyed raw form for one session: video [1, T, H, W, 3], state [1, 1, 7] / [1, 1, 1]."""
-    key_map = dict(zip(IMAGE_KEYS, ("video.exterior_image_1_left", "video.exterior_image_2_left", "video.wrist_image_left")))
+    key_map = dict(
+        zip(IMAGE_KEYS, ("video.exterior_image_1_left", "video.exterior_image_2_left", "video.wrist_image_left"))
+    )
     obs = {dst: np.stack([f[src] for f in frames])[None] for src, dst in key_map.items()}
     obs["state.joint_position"] = np.asarray(frames[-1]["joint_position"], dtype=np.float32).reshape(1, 1, 7)
     obs["state.gripper_position"] = np.asarray(frames[-1]["gripper_position"], dtype=np.float32).reshape(1, 1, 1)
@@ -146,8 +148,16 @@ class OpenPILink:
 
     name = "openpi"
 
-    def __init__(self, host: str = "127.0.0.1", port: int | None = 8000, path: str = "/", api_key: str | None = None,
-                 timeout_s: float = 120.0, max_reconnects: int = 1, client_factory=None):  # fmt: skip
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int | None = 8000,
+        path: str = "/",
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        max_reconnects: int = 1,
+        client_factory=None,
+    ):
         self.host, self.port, self.path, self.api_key, self.timeout_s = host, port, path, api_key, timeout_s
         self.max_reconnects = max_reconnects
         self._factory = client_factory or self._default_factory
@@ -157,8 +167,14 @@ class OpenPILink:
     def _default_factory(self):
         from clients.openpi_client import OpenPIClient
 
-        return OpenPIClient(self.host, port=self.port, path=self.path, api_key=self.api_key, timeout_s=self.timeout_s,
-                            max_reconnects=self.max_reconnects)  # fmt: skip
+        return OpenPIClient(
+            self.host,
+            port=self.port,
+            path=self.path,
+            api_key=self.api_key,
+            timeout_s=self.timeout_s,
+            max_reconnects=self.max_reconnects,
+        )
 
     def _connected(self):
         if self._client is None:
@@ -215,8 +231,14 @@ class HttpLink:
 
     name = "http"
 
-    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None, timeout_s: float = 120.0,
-                 max_retries: int = 2, client=None):  # fmt: skip
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        max_retries: int = 2,
+        client=None,
+    ):
         if client is None:
             from clients.http_client import ActionClient
 

@@ -36,8 +36,14 @@ def to_jsonable(value: Any) -> Any:
 class EpisodeRecorder:
     """Streams video frames to `<out_dir>/videos/<name>.mp4` and collects step records for `<out_dir>/episodes/`."""
 
-    def __init__(self, out_dir: Path, name: str, fps: float = 15.0, record_video: bool = True,
-                 frame_size: tuple[int, int] = (180, 320)):  # fmt: skip
+    def __init__(
+        self,
+        out_dir: Path,
+        name: str,
+        fps: float = 15.0,
+        record_video: bool = True,
+        frame_size: tuple[int, int] = (180, 320),
+    ):
         self.out_dir = Path(out_dir)
         self.name = name
         self.steps: list[dict] = []

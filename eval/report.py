@@ -108,28 +108,26 @@ def write_report(run_dir: Path) -> Path:
         plot = plots / f"joints_{ep['name']}.png"
         _plot_joints(ep["steps"], ep["name"], plot)
         verdict = "success" if ep["success"] else ("FAILED: " + ep["failure"]["reason"] if ep["failure"] else "fail")
-        video = (
-            f'<video src="{esc(ep["video"])}" controls muted width="960"></video><br><a href="{esc(ep["video"])}">mp4</a>'
-            if ep.get("video")
-            else "<i>no video recorded</i>"
-        )
+        src = esc(ep["video"]) if ep.get("video") else None
+        video = f'<video src="{src}" controls muted width="960"></video><br><a href="{src}">mp4</a>' if src else ""
         sections.append(
-            f"<h3>{esc(ep['name'])}: {esc(verdict)}</h3><p>{ep['steps']} steps, {ep['server_calls']} server calls, "
-            f"session <code>{esc(ep['session_id'])}</code>, <a href=\"{esc(index['record'])}\">step record (JSON)</a></p>"
-            f"{video}<br><img src=\"plots/{plot.name}\">"
+            f"<h3>{esc(ep['name'])}: {esc(verdict)}</h3><p>{ep['num_steps']} steps, {ep['server_calls']} server calls, "
+            f'session <code>{esc(ep["session_id"])}</code>, <a href="{esc(index["record"])}">step record (JSON)</a></p>'
+            f'{video}<br><img src="plots/{plot.name}">'
         )
+    simulator = str(summary["config"].get("extra", {}).get("simulator", "?"))
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>DROID evaluation</title>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto}} table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px}}</style></head><body>
-<h1>DROID evaluation: {summary['successes']}/{summary['episodes']} successful</h1>
-<p>Policy link: <b>{esc(str(summary.get('policy_link')))}</b>; simulator: {esc(str(summary['config'].get('extra', {}).get('simulator', '?')))};
-open-loop horizon {summary['config']['open_loop_horizon']}; {summary['steps']} steps; {summary['server_calls']} server
-calls; latency {lat_line}. Failed episodes: {summary['failed_episodes']}.</p>
+<h1>DROID evaluation: {summary["successes"]}/{summary["episodes"]} successful</h1>
+<p>Policy link: <b>{esc(str(summary.get("policy_link")))}</b>; simulator: {esc(simulator)};
+open-loop horizon {summary["config"]["open_loop_horizon"]}; {summary["steps"]} steps; {summary["server_calls"]} server
+calls; latency {lat_line}. Failed episodes: {summary["failed_episodes"]}.</p>
 <table><tr><th>scene</th><th>instruction</th><th>success</th><th>95% CI</th><th>failed</th></tr>{rows}</table>
 <img src="plots/success_per_scene.png"> <img src="plots/latency_hist.png">
-<h2>Failures</h2><ul>{failures or '<li>none</li>'}</ul>
-<h2>Episodes</h2>{''.join(sections)}
+<h2>Failures</h2><ul>{failures or "<li>none</li>"}</ul>
+<h2>Episodes</h2>{"".join(sections)}
 <p><a href="summary.json">summary.json</a></p>
 </body></html>
 """

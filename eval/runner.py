@@ -72,8 +72,9 @@ def run_episode(env: DroidEnv, link: PolicyLink, config: EvalConfig, episode: in
     session_id = f"droid-eval-{uuid.uuid4().hex}"
     seed = config.seed + 1000 * scene + episode
     max_steps = min(config.max_steps or env.max_episode_steps, env.max_episode_steps)
-    recorder = EpisodeRecorder(config.out_dir, name, fps=env.control_hz, record_video=config.record_video,
-                               frame_size=config.image_size)  # fmt: skip
+    recorder = EpisodeRecorder(
+        config.out_dir, name, fps=env.control_hz, record_video=config.record_video, frame_size=config.image_size
+    )
     started = time.perf_counter()
     latencies_ms: list[float] = []
     failure = None
@@ -147,7 +148,7 @@ def run_episode(env: DroidEnv, link: PolicyLink, config: EvalConfig, episode: in
         "session_id": session_id,
         "seed": seed,
         "success": bool(success),
-        "steps": steps,
+        "num_steps": steps,
         "max_steps": max_steps,
         "terminated": bool(terminated),
         "truncated": bool(truncated),
@@ -164,8 +165,9 @@ def run_episode(env: DroidEnv, link: PolicyLink, config: EvalConfig, episode: in
     return record
 
 
-def run_evaluation(env_factory: Callable[[int], DroidEnv], link: PolicyLink, config: EvalConfig,
-                   show_progress: bool = False) -> dict:  # fmt: skip
+def run_evaluation(
+    env_factory: Callable[[int], DroidEnv], link: PolicyLink, config: EvalConfig, show_progress: bool = False
+) -> dict:
     """Run every scene's episodes, write `summary.json`, `summary.md` and `run.json`; return the summary.
 
     `env_factory(scene_id)` builds the env of one scene; it is closed before the next scene's env is built.
@@ -191,7 +193,7 @@ def run_evaluation(env_factory: Callable[[int], DroidEnv], link: PolicyLink, con
     summary["config"] = to_jsonable({k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()})
     summary["policy_link"] = getattr(link, "name", type(link).__name__)
     summary["episode_records"] = [
-        {k: ep[k] for k in ("name", "scene_id", "episode", "success", "steps", "video", "record", "failure")}
+        {k: ep[k] for k in ("name", "scene_id", "episode", "success", "num_steps", "video", "record", "failure")}
         for ep in episodes
     ]
     (out / "summary.json").write_text(json.dumps(to_jsonable(summary), indent=1))

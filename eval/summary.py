@@ -26,8 +26,14 @@ def latency_stats(latencies_ms: list[float]) -> dict:
         return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
     arr = np.asarray(latencies_ms, dtype=np.float64)
     p50, p90, p99 = np.percentile(arr, [50, 90, 99])
-    return {"count": int(arr.size), "mean": float(arr.mean()), "p50": float(p50), "p90": float(p90),
-            "p99": float(p99), "max": float(arr.max())}  # fmt: skip
+    return {
+        "count": int(arr.size),
+        "mean": float(arr.mean()),
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "max": float(arr.max()),
+    }
 
 
 def summarize(episodes: list[dict]) -> dict:
@@ -67,7 +73,7 @@ def summarize(episodes: list[dict]) -> dict:
         "failed_episodes": len(failures),
         "failure_reasons": dict(Counter(f["reason"] for f in failures)),
         "failures": failures,
-        "steps": sum(ep.get("steps", 0) for ep in episodes),
+        "steps": sum(ep.get("num_steps", 0) for ep in episodes),
     }
 
 
@@ -75,14 +81,20 @@ def summary_markdown(summary: dict) -> str:
     """A short human-readable table of the summary (written next to summary.json)."""
     lines = ["| scene | instruction | success | 95% CI | failed |", "|---|---|---|---|---|"]
     for scene, s in summary["per_scene"].items():
-        lines.append(f"| {scene} | {s['instruction']} | {s['successes']}/{s['episodes']} ({s['success_rate']:.0%}) "
-                     f"| {s['ci95'][0]:.2f}-{s['ci95'][1]:.2f} | {s['failed']} |")  # fmt: skip
+        lines.append(
+            f"| {scene} | {s['instruction']} | {s['successes']}/{s['episodes']} ({s['success_rate']:.0%}) "
+            f"| {s['ci95'][0]:.2f}-{s['ci95'][1]:.2f} | {s['failed']} |"
+        )
     lat = summary["latency_ms"]
     lines.append("")
     lines.append(f"Server calls: {summary['server_calls']}; steps: {summary['steps']}.")
     if lat["count"]:
-        lines.append(f"Latency per call (ms): p50 {lat['p50']:.1f}, p90 {lat['p90']:.1f}, p99 {lat['p99']:.1f}, "
-                     f"mean {lat['mean']:.1f}.")  # fmt: skip
+        lines.append(
+            f"Latency per call (ms): p50 {lat['p50']:.1f}, p90 {lat['p90']:.1f}, p99 {lat['p99']:.1f}, "
+            f"mean {lat['mean']:.1f}."
+        )
     for f in summary["failures"]:
-        lines.append(f"- scene {f['scene_id']} episode {f['episode']}: {f['reason']} at step {f['step']}: {f['message']}")
+        lines.append(
+            f"- scene {f['scene_id']} episode {f['episode']}: {f['reason']} at step {f['step']}: {f['message']}"
+        )
     return "\n".join(lines) + "\n"

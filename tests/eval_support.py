@@ -33,8 +33,13 @@ class FakeOpenPIServer:
     stop_after: stop the whole server (close connections, stop listening) right after answering that many infers.
     """
 
-    def __init__(self, error_at: tuple[int, ...] = (), bad_chunk_at: tuple[int, ...] = (), stop_after: int | None = None,
-                 reply_as_dict: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        error_at: tuple[int, ...] = (),
+        bad_chunk_at: tuple[int, ...] = (),
+        stop_after: int | None = None,
+        reply_as_dict: bool = True,
+    ):
         self.error_at, self.bad_chunk_at, self.stop_after = set(error_at), set(bad_chunk_at), stop_after
         self.reply_as_dict = reply_as_dict
         self.infer_calls = 0
@@ -63,7 +68,9 @@ class FakeOpenPIServer:
                 for key in IMAGE_KEYS:  # the DROID wire size after resize_with_pad
                     assert np.asarray(msg[key]).shape == (180, 320, 3), (key, np.asarray(msg[key]).shape)
                 if n in self.error_at:
-                    ws.send(protocol.pack_frame(protocol.error_frame("Internal inference error", code="internal_error")))
+                    ws.send(
+                        protocol.pack_frame(protocol.error_frame("Internal inference error", code="internal_error"))
+                    )
                     continue
                 chunk = drift_chunk(np.asarray(msg["observation/joint_position"], dtype=np.float64))
                 if n in self.bad_chunk_at:
@@ -130,16 +137,26 @@ class FakeIsaacEnv:
         self.joints = torch.zeros(1, 7)
         obj, tgt = names
         self.scene = {
-            obj: SimpleNamespace(data=SimpleNamespace(root_pos_w=torch.tensor([[0.5, 0.2, 0.02]]),
-                                                      root_quat_w=torch.tensor([[1.0, 0, 0, 0]]))),
-            tgt: SimpleNamespace(data=SimpleNamespace(root_pos_w=torch.tensor([[0.5, -0.2, 0.0]]),
-                                                      root_quat_w=torch.tensor([[1.0, 0, 0, 0]]))),
-        }  # fmt: skip
+            obj: SimpleNamespace(
+                data=SimpleNamespace(
+                    root_pos_w=torch.tensor([[0.5, 0.2, 0.02]]), root_quat_w=torch.tensor([[1.0, 0, 0, 0]])
+                )
+            ),
+            tgt: SimpleNamespace(
+                data=SimpleNamespace(
+                    root_pos_w=torch.tensor([[0.5, -0.2, 0.0]]), root_quat_w=torch.tensor([[1.0, 0, 0, 0]])
+                )
+            ),
+        }
 
     def _obs(self):
         img = torch.randint(0, 255, (1, *self.image_shape), dtype=torch.uint8)
-        policy = {"external_cam": img, "wrist_cam": img.clone(), "arm_joint_pos": self.joints.clone(),
-                  "gripper_pos": torch.tensor([[0.0]])}  # fmt: skip
+        policy = {
+            "external_cam": img,
+            "wrist_cam": img.clone(),
+            "arm_joint_pos": self.joints.clone(),
+            "gripper_pos": torch.tensor([[0.0]]),
+        }
         if self.new_layout:
             policy["external_cam_2"] = img.clone()
         return {"policy": policy}

@@ -119,6 +119,16 @@ class Embodiment:
                 f"{self.tag}: state ({self.state_dim}) / action ({self.action_dim}) dims exceed the model's "
                 f"{self.max_state_dim} / {self.max_action_dim}"
             )
+        for rule in self.relative_actions:
+            a, st = self.action_widths.get(rule.action_key), self.state_widths.get(rule.state_key)
+            if a is None or a != st:
+                raise ConfigError(
+                    f"{self.tag}: relative action {rule.action_key} ({a} dims) vs {rule.state_key} ({st})"
+                )
+        for grip in self.gripper_rules:
+            width = self.action_widths.get(grip.action_key, 0)
+            if not -width <= grip.index < width:
+                raise ConfigError(f"{self.tag}: gripper dim {grip.index} is outside {grip.action_key} ({width} dims)")
         self.crop_resize = CropResize(out_hw=self.view_hw, scale=self.crop_scale)
 
     def __repr__(self) -> str:
@@ -170,41 +180,39 @@ class Embodiment:
         """Resized views {key: [B, T, h, w, 3]} -> canvas [B, T, *canvas_hw, 3]."""
         raise NotImplementedError
 
-    def _rename(self, observation: dict) -> tuple[dict[str, tuple[str, Any]], bool]:
-        """Map OpenPI / rollout keys onto own keys: {own key: (key as sent, value)}; second item: rollout form."""
+    def _is_rollout(self, observation: dict) -> bool:
+        """True for an RLinf rollout dict; mixing its keys with any other key is an error."""
         keys = set(observation)
-        rollout = bool(keys & set(ROLLOUT_KEYS))
+        rollout_keys = keys & set(ROLLOUT_KEYS)
+        if rollout_keys and keys - rollout_keys:
+            unknown = sorted(keys - rollout_keys)
+            raise InvalidObservation(
+                f"observation mixes rollout keys {sorted(rollout_keys)} with {unknown}", unknown[0]
+            )
+        return bool(rollout_keys)
+
+    def _rename(self, observation: dict) -> dict[str, tuple[str, Any]]:
+        """Map own and OpenPI keys onto own keys: {own key: (key as sent, value)}; unknown keys fail."""
         own_known = set(self.video_keys) | set(self.state_keys)
-        if rollout:
-            unknown = keys - set(ROLLOUT_KEYS)
-            if unknown:
-                raise InvalidObservation(
-                    f"observation mixes rollout keys {sorted(keys & set(ROLLOUT_KEYS))} with {sorted(unknown)}",
-                    field=sorted(unknown)[0],
-                )
-            return {k: (k, v) for k, v in observation.items()}, True
         renamed: dict[str, tuple[str, Any]] = {}
         for key, value in observation.items():
-            if key in own_known:
-                own = key
-            elif key in self.openpi_key_map:
-                own = self.openpi_key_map[key]
-            elif key in self.openpi_ignored_keys or key in OPENPI_CONTROL_KEYS:
-                if key == "prompt":
-                    renamed["__instruction__"] = (key, value)
+            if key in self.openpi_ignored_keys or key in OPENPI_CONTROL_KEYS:
                 continue
-            else:
+            own = key if key in own_known else self.openpi_key_map.get(key)
+            if own is None:
                 expected = sorted(own_known | set(self.openpi_key_map))
-                raise InvalidObservation(f"{key}: unknown observation key for {self.tag}; expected {expected}", field=key)
+                raise InvalidObservation(f"{key}: unknown observation key for {self.tag}; expected {expected}", key)
             if own in renamed:
                 raise InvalidObservation(f"{key}: {own} was sent twice (under two names)", field=key)
             renamed[own] = (key, value)
-        return renamed, False
+        return renamed
 
     def _parse_rollout(self, obs: dict, batched: bool | None) -> ParsedObservation:
         """RLinf env dict: main/wrist/extra views, concatenated `states`, `task_descriptions`."""
         if "states" not in obs:
-            raise InvalidObservation(f"states: missing; expected ({self.state_dim},) or (B, {self.state_dim})", "states")
+            raise InvalidObservation(
+                f"states: missing; expected ({self.state_dim},) or (B, {self.state_dim})", "states"
+            )
         states = as_array(obs["states"], "states")
         if batched is None:
             batched = batch_mode_from_state(states, "states")
@@ -248,22 +256,24 @@ class Embodiment:
                 f"observation: expected a mapping of keys to arrays, received {type(observation).__name__}",
                 field="observation",
             )
-        renamed, rollout = self._rename(observation)
-        if rollout:
+        if self._is_rollout(observation):
             return self._parse_rollout(observation, batched)
+        renamed = self._rename(observation)
         for key in (*self.state_keys, *self.video_keys):
             if key not in renamed:
                 raise InvalidObservation(f"{key}: missing from the observation ({self._expected(key)})", field=key)
         if batched is None:
             name, value = renamed[self.state_keys[0]]
-            batched = batch_mode_from_state(as_array(value, name), name)
-        state = {
-            k: parse_state(renamed[k][1], renamed[k][0], self.state_widths[k], batched) for k in self.state_keys
-        }
+            state0 = as_array(value, name)
+            batched = batch_mode_from_state(state0, name)
+            # a [1, D] state next to a single [H, W, 3] image is one unbatched observation, not a batch of one
+            first_view = np.asarray(renamed[self.video_keys[0]][1])
+            if batched and state0.ndim == 2 and state0.shape[0] == 1 and first_view.ndim == 3:
+                batched = False
+        state = {k: parse_state(renamed[k][1], renamed[k][0], self.state_widths[k], batched) for k in self.state_keys}
         views = {k: parse_frames(renamed[k][1], renamed[k][0], batched) for k in self.video_keys}
-        instructions = None
-        if "__instruction__" in renamed:
-            instructions = parse_instructions(renamed["__instruction__"][1], "prompt")
+        # an OpenPI frame carries its instruction as `prompt`
+        instructions = parse_instructions(observation["prompt"], "prompt") if "prompt" in observation else None
         return self._check_consistent(ParsedObservation(views, state, instructions, batched), renamed)
 
     def _expected(self, key: str) -> str:
@@ -320,6 +330,10 @@ class Embodiment:
             flat = self.crop_resize(frames.reshape(b * t, *frames.shape[2:]))  # [B*T, h, w, 3]
             resized[key] = flat.reshape(b, t, *flat.shape[1:])
         canvas = self.stitch(resized)  # [B, T, *canvas_hw, 3]
+        if canvas.shape[2:4] != tuple(self.canvas_hw):
+            raise ConfigError(
+                f"{self.tag}: stitch() made a {canvas.shape[2:4]} canvas, canvas_hw says {self.canvas_hw}"
+            )
         # 2. state: q99 per key in concat order, zero padded with a mask
         normalised = np.concatenate([self.state_normalisers[k].normalise(parsed.state[k]) for k in self.state_keys], -1)
         state, state_mask = pad_with_mask(normalised, self.max_state_dim)

@@ -64,6 +64,10 @@ def parse_state(value, field: str, width: int, batched: bool) -> np.ndarray:
         raise InvalidObservation(f"{field}: expected a float array {expected}, received {_describe(arr)}", field=field)
     if not batched and arr.ndim == 0 and width == 1:
         arr = arr.reshape(1)
+    if not batched and arr.ndim == 2 and arr.shape[0] == 1:
+        arr = arr[0]  # [1, D] sent for one observation
+    if batched and arr.ndim == 1 and width == 1:
+        arr = arr[:, None]  # one scalar per row (e.g. a gripper position)
     ok = (arr.ndim == 1) if not batched else arr.ndim in (2, 3)
     if not ok or arr.shape[-1] != width or (batched and arr.ndim == 3 and arr.shape[1] == 0):
         raise InvalidObservation(f"{field}: expected shape {expected}, received {_describe(arr)}", field=field)

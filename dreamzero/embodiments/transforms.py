@@ -156,7 +156,7 @@ NEGATIVE_PROMPT = (
 
 
 def clean_instruction(instruction: str | None) -> str:
-    """Lower-cased instruction; a Python-literal list/tuple string (as some datasets store tasks) gives its first item."""
+    """Lower-cased instruction; a Python-literal list/tuple string (some datasets store tasks so) gives item 0."""
     text = (instruction or "").strip()
     if text[:1] in "[(" and text:
         try:

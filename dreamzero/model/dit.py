@@ -10,8 +10,9 @@ with S = frame_seqlen tokens per latent frame and A = num_action_per_block.
 
 Self-attention has no mask: queries of the new tokens attend to [cached video K/V | new video K/V | register K/V].
 The cache holds K after `norm_k` and after RoPE (absolute positions), and is truncated to the attention window
-(max_attention_frames * frame_seqlen video tokens). Attention runs in `attention_dtype` (fp32 by default: the
-parity vectors were recorded with fp32 attention; bf16 attention moves outputs by ~4e-3).
+(max_attention_frames * frame_seqlen video tokens). Attention (unmasked SDPA) runs in the activations' dtype unless
+`attention_dtype` says otherwise: fp32 for an fp32 model (the parity vectors were recorded with fp32 attention;
+bf16 attention moves outputs by ~4e-3), bf16 for a bf16 model (what upstream's GPU kernels do).
 
 Shapes: B rows, C latent channels, F latent frames, H x W latent grid, S = (H/2)*(W/2), D = dim, N heads, d = D/N.
 """
@@ -179,8 +180,9 @@ class MLPProj(nn.Module):
         return self.proj(x)
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """Unmasked SDPA. q [B, Lq, N, d], k/v [B, Lk, N, d] -> [B, Lq, N*d] in q's dtype."""
+    dtype = dtype or q.dtype
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2).to(dtype), k.transpose(1, 2).to(dtype), v.transpose(1, 2).to(dtype)
     )
@@ -211,7 +213,7 @@ class CausalSelfAttention(nn.Module):
         video_len: int,
         kv_cache: torch.Tensor | None,
         window: int,
-        attention_dtype: torch.dtype,
+        attention_dtype: torch.dtype | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, L, D] (first `video_len` tokens are video). Returns (out [B, L, D], new cache [2, B, Lc', N, d]).
 
@@ -257,7 +259,7 @@ class CrossAttention(nn.Module):
             self.v_img = nn.Linear(dim, dim)
             self.norm_k_img = RMSNorm(dim, eps) if qk_norm else nn.Identity()
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, attention_dtype: torch.dtype) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, context: torch.Tensor, attention_dtype: torch.dtype | None) -> torch.Tensor:
         """x [B, L, D]; context [B, 257 + Lt, D] (image tokens first) for i2v, [B, Lt, D] otherwise."""
         n, d = self.num_heads, self.head_dim
         q = self.norm_q(self.q(x)).unflatten(-1, (n, d))
@@ -335,7 +337,9 @@ class CausalWanDiT(nn.Module):
         if cfg.dim % cfg.num_heads:
             raise ValueError(f"dit.dim ({cfg.dim}) must be divisible by dit.num_heads ({cfg.num_heads})")
         self.cfg = cfg
-        self.attention_dtype = torch.float32  # see module docstring; set to bf16 to trade parity for speed
+        # None: attend in the activations' dtype (fp32 model -> fp32, as the parity vectors; bf16 model -> bf16, as
+        # upstream's GPU kernels); set torch.float32 to force fp32 attention in a bf16 model (slower, closer to fp32)
+        self.attention_dtype: torch.dtype | None = None
         dim, pt = cfg.dim, tuple(cfg.patch_size)
         cats = 1  # upstream builds one projector category whatever max_num_embodiments says
 
@@ -393,10 +397,10 @@ class CausalWanDiT(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.patch_embedding.weight.dtype
 
-    def _rope(self, f: int, h: int, w: int, start_frame: int, n_registers: bool, device) -> tuple[torch.Tensor, ...]:
+    def _rope(self, f: int, h: int, w: int, start_frame: int, with_registers: bool, device) -> tuple[torch.Tensor, ...]:
         d, theta = self.cfg.head_dim, self.cfg.rope_theta
         angles = [video_rope_angles(f, h, w, start_frame, d, theta, device)]
-        if n_registers:
+        if with_registers:
             # registers: 1-D RoPE over the full head_dim; idx = chunk index of this block in the session
             idx = (start_frame - 1) // self.cfg.num_frame_per_block
             na, ns = self.cfg.num_action_per_block, self.cfg.num_state_per_block

@@ -64,9 +64,7 @@ class DreamZeroModel(nn.Module):
             model = cls(cfg)
         if torch.device(device).type == "meta":
             return model.eval().requires_grad_(False)
-        ties = _tied_parameters(model)
-        model = model.to_empty(device=device).to(dtype=dtype)
-        _retie(model, ties)
+        _allocate(model, torch.device(device), dtype)
         model.materialize_buffers(device)
         if seed is not None:
             init_random_weights(model, seed)
@@ -110,22 +108,22 @@ class DreamZeroModel(nn.Module):
         return self.model.patch_embedding.weight.dtype
 
 
-def _tied_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
-    """Groups of (module, attribute) that share one Parameter (e.g. UMT5's shared / embed_tokens)."""
-    groups: dict[int, list[tuple[nn.Module, str]]] = {}
+def _allocate(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """Give every meta tensor uninitialised storage on `device`, floating ones directly in `dtype`.
+
+    (`Module.to_empty().to(dtype)` would first allocate fp32 everywhere, 92 GB for the 14B preset, and would untie
+    shared parameters such as UMT5's shared / embed_tokens.)
+    """
+    done: dict[int, torch.Tensor] = {}
     for module in model.modules():
-        for leaf, p in module._parameters.items():
-            if p is not None:
-                groups.setdefault(id(p), []).append((module, leaf))
-    return [g for g in groups.values() if len(g) > 1]
-
-
-def _retie(model: nn.Module, ties: list[list[tuple[nn.Module, str]]]) -> None:
-    # Module.to_empty() converts each module's parameters separately, which unties shared ones; point them back.
-    for group in ties:
-        first, leaf = group[0]
-        for module, other in group[1:]:
-            module._parameters[other] = first._parameters[leaf]
+        for store, is_param in ((module._parameters, True), (module._buffers, False)):
+            for leaf, t in store.items():
+                if t is None:
+                    continue
+                if id(t) not in done:
+                    new = torch.empty(t.shape, device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+                    done[id(t)] = nn.Parameter(new, requires_grad=False) if is_param else new
+                store[leaf] = done[id(t)]
 
 
 @torch.no_grad()

@@ -75,7 +75,8 @@ class MujocoDroidEnv(gym.Env):
         self._finger_qpos = np.array([self.model.joint(j).qposadr[0] for j in FINGER_JOINTS])
         self._bodies = {name: self.model.body(name).id for name in (self.scene.object_name, self.scene.target_name)}
         self._free_qpos = {
-            name: self.model.joint(f"{name}_free").qposadr[0] for name in (self.scene.object_name, self.scene.target_name)
+            name: self.model.joint(f"{name}_free").qposadr[0]
+            for name in (self.scene.object_name, self.scene.target_name)
         }
         lo, hi = self.model.jnt_range[[self.model.joint(j).id for j in ARM_JOINTS]].T
         self.joint_low, self.joint_high = lo.copy(), hi.copy()
@@ -111,7 +112,10 @@ class MujocoDroidEnv(gym.Env):
         mujoco.mj_resetData(self.model, self.data)
         self.data.qpos[self._arm_qpos] = HOME_QPOS
         self.data.qpos[self._finger_qpos] = FINGER_OPEN_M
-        for name, xy in ((self.scene.object_name, self.scene.object_xy), (self.scene.target_name, self.scene.target_xy)):
+        for name, xy in (
+            (self.scene.object_name, self.scene.object_xy),
+            (self.scene.target_name, self.scene.target_xy),
+        ):
             adr = self._free_qpos[name]
             jitter = self.np_random.uniform(-self._jitter, self._jitter, size=2) if self._jitter > 0 else np.zeros(2)
             self.data.qpos[adr : adr + 3] = [xy[0] + jitter[0], xy[1] + jitter[1], 0.0]

@@ -88,11 +88,13 @@ def look_at_quat(pos, target, up=(0.0, 0.0, 1.0)) -> np.ndarray:
     return quat
 
 
-# 1. The robot (FR3 + hand from franky-sim) ---------------------------------------------------------------------------------------------------------
+# 1. The robot (FR3 + hand from franky-sim) -------------------------------------------------------------------------
 def _load_robot(assets: Path) -> mujoco.MjSpec:
     """The FR3 file is the base spec (attaching it under a prefix would rename every joint and actuator)."""
     spec = mujoco.MjSpec.from_file(str(assets / "fr3.xml"))
     spec.meshdir = str(assets / "meshes")  # the file says "assets", the wheel ships "meshes"
+    for key in list(spec.keys):
+        spec.delete(key)  # its "home" keyframe is franky-sim's (and sized for the arm alone); ours is HOME_QPOS
     for body in spec.bodies:
         if body.name.startswith("fr3_link") or body.name in ("hand", "left_finger", "right_finger"):
             body.gravcomp = 1.0  # a real Franka compensates gravity; without it the arm sags ~0.007 rad
@@ -123,10 +125,17 @@ def _set_scalar(element, attr: str, value: float) -> None:
 # 2. Table, lights and exterior cameras ------------------------------------------------------------------------------
 def _add_room(spec: mujoco.MjSpec) -> None:
     world = spec.worldbody
-    world.add_geom(name="floor", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[3, 3, 0.1], pos=[0, 0, -0.75],
-                   rgba=[0.35, 0.35, 0.38, 1])  # fmt: skip
-    world.add_geom(name="table", type=mujoco.mjtGeom.mjGEOM_BOX, size=[0.55, 0.6, 0.02], pos=[0.35, 0.0, -0.02],
-                   rgba=[0.55, 0.42, 0.3, 1], friction=[1.0, 0.005, 0.0001])  # fmt: skip
+    world.add_geom(
+        name="floor", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[3, 3, 0.1], pos=[0, 0, -0.75], rgba=[0.35, 0.35, 0.38, 1]
+    )
+    world.add_geom(
+        name="table",
+        type=mujoco.mjtGeom.mjGEOM_BOX,
+        size=[0.55, 0.6, 0.02],
+        pos=[0.35, 0.0, -0.02],
+        rgba=[0.55, 0.42, 0.3, 1],
+        friction=[1.0, 0.005, 0.0001],
+    )
     world.add_light(name="key", pos=[0.4, 0.0, 1.6], dir=[0, 0, -1], diffuse=[0.7, 0.7, 0.7], castshadow=False)
     world.add_light(name="fill", pos=[-0.5, 0.8, 1.2], dir=[0.5, -0.5, -0.7], diffuse=[0.3, 0.3, 0.3], castshadow=False)
     # DROID's two exterior cameras face the workspace from either side of the robot, a little in front of the base.
@@ -147,39 +156,65 @@ def _ring(body, name: str, radius: float, height: float, thickness: float, rgba,
     half_len = radius * math.tan(math.pi / pieces) + thickness / 2
     for i in range(pieces):
         ang = 2 * math.pi * i / pieces
-        body.add_geom(name=f"{name}_wall{i}", type=mujoco.mjtGeom.mjGEOM_BOX, size=[thickness / 2, half_len, height / 2],
-                      pos=[radius * math.cos(ang), radius * math.sin(ang), z0 + height / 2],
-                      quat=[math.cos(ang / 2), 0, 0, math.sin(ang / 2)], rgba=rgba, mass=0.02)  # fmt: skip
+        body.add_geom(
+            name=f"{name}_wall{i}",
+            type=mujoco.mjtGeom.mjGEOM_BOX,
+            size=[thickness / 2, half_len, height / 2],
+            pos=[radius * math.cos(ang), radius * math.sin(ang), z0 + height / 2],
+            quat=[math.cos(ang / 2), 0, 0, math.sin(ang / 2)],
+            rgba=rgba,
+            mass=0.02,
+        )
 
 
 def _add_objects(spec: mujoco.MjSpec, scene: SceneSpec) -> None:
     box, cyl, cap = mujoco.mjtGeom.mjGEOM_BOX, mujoco.mjtGeom.mjGEOM_CYLINDER, mujoco.mjtGeom.mjGEOM_CAPSULE
     obj = _free_body(spec, scene.object_name, scene.object_xy)
     if scene.object_name == "cube":
-        obj.add_geom(name="cube_geom", type=box, size=[0.025] * 3, pos=[0, 0, 0.025], rgba=[0.85, 0.1, 0.1, 1], mass=0.05)
+        obj.add_geom(
+            name="cube_geom", type=box, size=[0.025] * 3, pos=[0, 0, 0.025], rgba=[0.85, 0.1, 0.1, 1], mass=0.05
+        )
     elif scene.object_name == "can":
-        obj.add_geom(name="can_geom", type=cyl, size=[0.03, 0.055], pos=[0, 0, 0.055], rgba=[0.2, 0.5, 0.8, 1], mass=0.08)
+        obj.add_geom(
+            name="can_geom", type=cyl, size=[0.03, 0.055], pos=[0, 0, 0.055], rgba=[0.2, 0.5, 0.8, 1], mass=0.08
+        )
     else:  # banana: two capsules bent at the middle
         for i, ang in enumerate((0.35, -0.35)):
             sign = 1 if i == 0 else -1
-            obj.add_geom(name=f"banana_geom{i}", type=cap, size=[0.018, 0.045],
-                         pos=[sign * 0.04, 0.0, 0.018 + 0.012 * (1 - abs(sign))],
-                         quat=[math.cos((math.pi / 2 + ang) / 2), 0, math.sin((math.pi / 2 + ang) / 2), 0],
-                         rgba=[0.95, 0.85, 0.2, 1], mass=0.05)  # fmt: skip
+            obj.add_geom(
+                name=f"banana_geom{i}",
+                type=cap,
+                size=[0.018, 0.045],
+                pos=[sign * 0.04, 0.0, 0.018 + 0.012 * (1 - abs(sign))],
+                quat=[math.cos((math.pi / 2 + ang) / 2), 0, math.sin((math.pi / 2 + ang) / 2), 0],
+                rgba=[0.95, 0.85, 0.2, 1],
+                mass=0.05,
+            )
     target = _free_body(spec, scene.target_name, scene.target_xy)
     if scene.target_name == "bowl":
-        target.add_geom(name="bowl_base", type=cyl, size=[0.07, 0.005], pos=[0, 0, 0.005], rgba=[0.9, 0.9, 0.95, 1], mass=0.1)
+        target.add_geom(
+            name="bowl_base", type=cyl, size=[0.07, 0.005], pos=[0, 0, 0.005], rgba=[0.9, 0.9, 0.95, 1], mass=0.1
+        )
         _ring(target, "bowl", radius=0.08, height=0.05, thickness=0.01, rgba=[0.9, 0.9, 0.95, 1], z0=0.005)
     elif scene.target_name == "mug":
-        target.add_geom(name="mug_base", type=cyl, size=[0.045, 0.004], pos=[0, 0, 0.004], rgba=[0.95, 0.95, 0.9, 1], mass=0.1)
+        target.add_geom(
+            name="mug_base", type=cyl, size=[0.045, 0.004], pos=[0, 0, 0.004], rgba=[0.95, 0.95, 0.9, 1], mass=0.1
+        )
         _ring(target, "mug", radius=0.048, height=0.09, thickness=0.008, rgba=[0.95, 0.95, 0.9, 1], pieces=10, z0=0.004)
-        target.add_geom(name="mug_handle", type=box, size=[0.02, 0.006, 0.03], pos=[0.07, 0, 0.05],
-                        rgba=[0.95, 0.95, 0.9, 1], mass=0.01)  # fmt: skip
+        target.add_geom(
+            name="mug_handle",
+            type=box,
+            size=[0.02, 0.006, 0.03],
+            pos=[0.07, 0, 0.05],
+            rgba=[0.95, 0.95, 0.9, 1],
+            mass=0.01,
+        )
     else:  # bin: a square open box
         grey = [0.3, 0.3, 0.32, 1]
         target.add_geom(name="bin_base", type=box, size=[0.1, 0.1, 0.005], pos=[0, 0, 0.005], rgba=grey, mass=0.2)
-        for i, (x, y, sx, sy) in enumerate(((0.1, 0, 0.005, 0.1), (-0.1, 0, 0.005, 0.1), (0, 0.1, 0.1, 0.005),
-                                            (0, -0.1, 0.1, 0.005))):  # fmt: skip
+        for i, (x, y, sx, sy) in enumerate(
+            ((0.1, 0, 0.005, 0.1), (-0.1, 0, 0.005, 0.1), (0, 0.1, 0.1, 0.005), (0, -0.1, 0.1, 0.005))
+        ):
             target.add_geom(name=f"bin_wall{i}", type=box, size=[sx, sy, 0.04], pos=[x, y, 0.045], rgba=grey, mass=0.05)
 
 

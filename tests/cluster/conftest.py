@@ -46,10 +46,11 @@ def serve_cluster():
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     base_url = f"http://127.0.0.1:{port}"
 
-    def deploy(args: dict, wait_for: int | None = None) -> None:
-        schema = ServeDeploySchema(
-            applications=[{"name": APP, "route_prefix": "/", "import_path": IMPORT_PATH, "args": args}]
-        )
+    def deploy(args: dict, wait_for: int | None = None, policy_replicas: int | None = None) -> None:
+        app = {"name": APP, "route_prefix": "/", "import_path": IMPORT_PATH, "args": args}
+        if policy_replicas is not None:  # a config-only override: Serve scales without replacing replicas
+            app["deployments"] = [{"name": "Policy", "num_replicas": policy_replicas}]
+        schema = ServeDeploySchema(applications=[app])
         # private but stable: the call `serve deploy` / `serve run <config>` end in
         serve.context._get_global_client().deploy_apps(schema)
         wait_healthy(base_url, DEPLOY_TIMEOUT_S)
@@ -97,3 +98,35 @@ def wait_replicas(deployment: str, n: int, timeout_s: float) -> None:
 def http(serve_cluster):
     with httpx.Client(timeout=HTTP_TIMEOUT_S, trust_env=False) as client:
         yield client
+
+
+API_KEY = "test-key-123"
+#: one app for the route, corpus and WebSocket tests: auth on, small limits so the limit paths are cheap to hit
+FRONT_DOOR_ARGS = {
+    **BASE_ARGS,
+    "api_key": API_KEY,
+    "http": {"max_body_bytes": 4 * 1024 * 1024, "ws_max_message_bytes": 2 * 1024 * 1024, "ws_idle_timeout_s": 4.0},
+}
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+_current: dict = {}
+
+
+@pytest.fixture(scope="session")
+def ensure_app(serve_cluster):
+    """ensure_app(args, replicas) deploys only when the args differ from what is running (deploys cost ~30 s)."""
+    _, deploy = serve_cluster
+
+    def ensure(args: dict, replicas: int = 1, policy_replicas: int | None = None) -> None:
+        key = repr((sorted(args.items()), replicas, policy_replicas))
+        if _current.get("key") != key:
+            deploy(args, wait_for=replicas, policy_replicas=policy_replicas)
+            _current["key"] = key
+
+    return ensure
+
+
+@pytest.fixture
+def front_door(serve_cluster, ensure_app):
+    ensure_app(FRONT_DOOR_ARGS, 1)
+    return serve_cluster[0]

@@ -1,8 +1,6 @@
-"""A serving graph in Ray Serve's local testing mode (in-process, no HTTP, no routers): fast graph-level checks."""
+"""A serving graph in Ray Serve's local testing mode (in-process, no HTTP, no routers) with the embedded tiny model."""
 
 from __future__ import annotations
-
-import importlib.util
 
 import pytest
 
@@ -12,25 +10,10 @@ GRAPH_ARGS = {
 }
 
 
-def _real_model_available() -> bool:
-    return all(importlib.util.find_spec(m) for m in ("dreamzero.checkpoint", "dreamzero.embedded_default"))
-
-
 @pytest.fixture(scope="module")
 def graph():
     from ray import serve
 
     from serve_graph.builder import build_app
 
-    patch = None
-    if not _real_model_available():  # interim: the embedded tiny model is not in the tree yet
-        import deployments.policy as policy_mod
-        from tests.graph.fake_pipeline import FakePipeline
-
-        patch = pytest.MonkeyPatch()
-        patch.setattr(policy_mod, "load_pipeline", lambda **kw: FakePipeline.load(**kw))
-    try:
-        yield serve.run(build_app(GRAPH_ARGS), name="graph-test", _local_testing_mode=True)
-    finally:
-        if patch is not None:
-            patch.undo()
+    return serve.run(build_app(GRAPH_ARGS), name="graph-test", _local_testing_mode=True)

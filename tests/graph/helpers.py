@@ -38,9 +38,10 @@ def raw_body(session_ids: list[str], t: int = 1, flavour: str = codec.OPENPI, **
     return codec.encode_body(body, flavour)[0]
 
 
-def normalised_body(session_ids: list[str], flavour: str = codec.OPENPI, **kwargs) -> bytes:
+def normalised_body(session_ids: list[str], t: int = 1, flavour: str = codec.OPENPI, **kwargs) -> bytes:
+    """RLinf's normalised form; T=1 starts a session, later calls send 4-frame stacks (1 frame would restart it)."""
     b = len(session_ids)
-    body = protocol.build_request_body(normalised_observation(b), ["a formatted prompt"] * b, session_ids, **kwargs)
+    body = protocol.build_request_body(normalised_observation(b, t), ["a formatted prompt"] * b, session_ids, **kwargs)
     return codec.encode_body(body, flavour)[0]
 
 

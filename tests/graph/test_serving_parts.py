@@ -141,7 +141,8 @@ class _CountingPipeline:
     def __init__(self):
         from dreamzero.config import preset
 
-        self.config, self.calls = preset("tiny"), []
+        self.action_horizon, self.max_action_dim = 24, 32
+        self.config, self.calls = preset("tiny").pipeline, []
 
     def generate(self, batch):
         self.calls.append(list(batch.session_ids))

@@ -113,8 +113,15 @@ def write_v3(root: Path, episodes: list[dict], videos=None, modality=None, episo
         pq.write_table(table, root / "data" / "chunk-000" / f"file-{f:03d}.parquet")
         for e, ep in enumerate(group, start=start):
             n = len(next(iter(ep.values())))
-            for k, v in (("episode_index", e), ("length", n), ("data/chunk_index", 0), ("data/file_index", f),
-                         ("dataset_from_index", index), ("dataset_to_index", index + n), ("tasks", ["do it"])):
+            for k, v in (
+                ("episode_index", e),
+                ("length", n),
+                ("data/chunk_index", 0),
+                ("data/file_index", f),
+                ("dataset_from_index", index),
+                ("dataset_to_index", index + n),
+                ("tasks", ["do it"]),
+            ):
                 rows[k].append(v)  # fmt: skip
             index += n
     pq.write_table(pa.table(rows), root / "meta" / "episodes" / "chunk-000" / "file-000.parquet")

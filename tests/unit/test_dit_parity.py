@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from dreamzero.config import DiTConfig, PipelineConfig
+from dreamzero.config import PipelineConfig
 from dreamzero.model.dit import CausalWanDiT
 from dreamzero.pipeline import denoise_block, prefill_block
 
@@ -41,28 +41,34 @@ def fixture():
     }
 
 
-def _load_dit(d: Path, config: dict) -> CausalWanDiT:
-    """The fixture's DiT through the checkpoint loader users use."""
-    try:
-        from dreamzero.checkpoint import load_dit  # engineer B's loader (DiT-only release layout)
-    except ImportError:
-        load_dit = None
-    if load_dit is not None:
-        return load_dit(d / "weights.safetensors", config, dtype=torch.float32).eval()
-    from safetensors.torch import load_file
+def _load_dit(d: Path, config: dict, tmp: Path) -> CausalWanDiT:
+    """The fixture's DiT through the checkpoint loader users use (`dreamzero.checkpoint.load_model`).
 
-    fields = {f for f in DiTConfig.__dataclass_fields__}
-    cfg = DiTConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in fields})
-    dit = CausalWanDiT(cfg)
-    prefix = "action_head.model."
-    state = {k.removeprefix(prefix): v for k, v in load_file(d / "weights.safetensors").items()}
-    dit.load_state_dict(state, strict=True)
-    return dit.eval()
+    The fixture holds DiT tensors only, so we write a release-layout directory whose config.json carries the
+    fixture's `diffusion_model_cfg` (tiny encoders beside it) and whose index points every `action_head.model.*`
+    key at the fixture's own `weights.safetensors`; the encoder tensors come from a small saved shard.
+    """
+    from dreamzero.checkpoint import INDEX_FILE, load_model, save_model
+    from dreamzero.config import from_checkpoint_config, preset
+    from dreamzero.model.dreamzero import DreamZeroModel
+
+    cfg = from_checkpoint_config({"action_head_cfg": {"config": {"diffusion_model_cfg": config}}})
+    tiny = preset("tiny")
+    cfg.text_encoder, cfg.image_encoder, cfg.vae = tiny.text_encoder, tiny.image_encoder, tiny.vae
+    save_model(DreamZeroModel.from_config(cfg, seed=1), tmp, save_tokenizer=False)
+    (tmp / "dit.safetensors").symlink_to(d / "weights.safetensors")
+    index = json.loads((tmp / INDEX_FILE).read_text())
+    for key in list(index["weight_map"]):
+        if key.startswith("action_head.model."):
+            index["weight_map"][key] = "dit.safetensors"
+    (tmp / INDEX_FILE).write_text(json.dumps(index))
+    model = load_model(tmp, device="cpu", dtype=torch.float32, require_tokenizer=False)
+    return model.model.eval()
 
 
 @pytest.fixture(scope="module")
-def dit(fixture):
-    return _load_dit(fixture["dir"], fixture["config"])
+def dit(fixture, tmp_path_factory):
+    return _load_dit(fixture["dir"], fixture["config"], tmp_path_factory.mktemp("parity-checkpoint"))
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -252,3 +252,19 @@ def test_openpi_server_config_for_droid():
         "needs_stereo_camera": False, "needs_session_id": True, "action_space": "joint_position",
         "action_horizon": 24, "action_dim": 8,
     }  # fmt: skip
+
+
+def test_inconsistent_robot_definitions_fail_at_construction():
+    from dreamzero.embodiments.oxe_droid import OxeDroid
+    from dreamzero.embodiments.transforms import AddCurrentState
+
+    class BadGripper(OxeDroid):
+        gripper_rules = (BinariseGripper("action.gripper_position", index=3),)
+
+    class BadRelative(OxeDroid):
+        relative_actions = (AddCurrentState("action.joint_position", "state.gripper_position"),)
+
+    with pytest.raises(ConfigError, match="gripper dim 3 is outside action.gripper_position"):
+        BadGripper(droid_metadata())
+    with pytest.raises(ConfigError, match=r"relative action action.joint_position \(7 dims\)"):
+        BadRelative(droid_metadata())

@@ -173,3 +173,20 @@ def test_libero_openpi_state_key(libero):
     b, ctx = libero.preprocess(obs, "x")
     assert b.images.shape == (1, 1, 256, 512, 3)
     np.testing.assert_allclose(b.state[0, 0, :8], -0.5)  # 1 in [0, 4] -> -0.5
+
+
+def test_one_row_state_next_to_single_images_is_unbatched(droid):
+    obs = droid_observation()
+    obs["state.joint_position"] = obs["state.joint_position"][None]  # [1, 7]
+    obs["state.gripper_position"] = np.float64(0.25)  # a scalar gripper
+    b, ctx = droid.preprocess(obs, None)
+    ref, _ = droid.preprocess(droid_observation(), None)
+    assert ctx.batched is False
+    np.testing.assert_array_equal(b.state, ref.state)
+
+
+def test_batched_scalar_per_row_for_one_dim_keys(droid):
+    obs = droid_observation(batch=2)
+    obs["state.gripper_position"] = np.array([0.0, 1.0])  # [B] for a 1-dim key
+    _, ctx = droid.preprocess(obs, None, batched=True)
+    np.testing.assert_array_equal(ctx.state["state.gripper_position"], [[0.0], [1.0]])

@@ -37,8 +37,14 @@ def test_observation_mapping(new_layout):
 
 
 def test_float_images_and_missing_keys():
-    obs = {"policy": {"external_cam": torch.full((1, 8, 8, 3), 0.5), "wrist_cam": torch.zeros(1, 8, 8, 3),
-                      "arm_joint_pos": torch.zeros(1, 7), "gripper_pos": torch.zeros(1, 1)}}  # fmt: skip
+    obs = {
+        "policy": {
+            "external_cam": torch.full((1, 8, 8, 3), 0.5),
+            "wrist_cam": torch.zeros(1, 8, 8, 3),
+            "arm_joint_pos": torch.zeros(1, 7),
+            "gripper_pos": torch.zeros(1, 1),
+        }
+    }
     mapped = map_observation(obs)
     assert mapped["exterior_image_0_left"].dtype == np.uint8 and mapped["exterior_image_0_left"][0, 0, 0] == 127
     del obs["policy"]["arm_joint_pos"]
@@ -102,7 +108,10 @@ def test_env_id_resolution_supports_both_layouts():
 
 def test_runner_over_the_adapter_resizes_720p_views(tmp_path):
     link = ScriptedLink()
-    summary = run_evaluation(lambda scene: IsaacDroidEnv(FakeIsaacEnv(), scene), link,
-                             EvalConfig(out_dir=tmp_path, max_steps=10, record_video=False))  # fmt: skip
+    summary = run_evaluation(
+        lambda scene: IsaacDroidEnv(FakeIsaacEnv(), scene),
+        link,
+        EvalConfig(out_dir=tmp_path, max_steps=10, record_video=False),
+    )
     assert summary["episodes"] == 1 and summary["server_calls"] == 2  # steps 0 and 8
     assert summary["failed_episodes"] == 0

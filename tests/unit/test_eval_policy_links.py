@@ -22,15 +22,24 @@ from tests.eval_support import FakeOpenPIServer
 
 def _frame(value: int = 0) -> dict:
     img = np.full((180, 320, 3), value, dtype=np.uint8)
-    return {"exterior_image_0_left": img, "exterior_image_1_left": img + 1, "wrist_image_left": img + 2,
-            "joint_position": np.arange(7, dtype=np.float64) * 0.1, "gripper_position": np.array([0.0])}  # fmt: skip
+    return {
+        "exterior_image_0_left": img,
+        "exterior_image_1_left": img + 1,
+        "wrist_image_left": img + 2,
+        "joint_position": np.arange(7, dtype=np.float64) * 0.1,
+        "gripper_position": np.array([0.0]),
+    }
 
 
 def test_validate_chunk():
     assert validate_chunk(np.zeros((24, 8), np.float32)).shape == (24, 8)
     assert validate_chunk(np.zeros((1, 24, 8))).shape == (24, 8)  # a batch of one is unwrapped
-    for bad, words in [(np.zeros((24, 7)), "expected [H, 8]"), (np.zeros(8), "shape [8]"),
-                       (np.full((24, 8), np.inf), "non-finite"), ("nope", "not numeric")]:  # fmt: skip
+    for bad, words in [
+        (np.zeros((24, 7)), "expected [H, 8]"),
+        (np.zeros(8), "shape [8]"),
+        (np.full((24, 8), np.inf), "non-finite"),
+        ("nope", "not numeric"),
+    ]:
         with pytest.raises(PolicyLinkError) as err:
             validate_chunk(bad)
         assert err.value.reason == "bad_chunk" and words in str(err.value)
@@ -121,8 +130,11 @@ class _FakeActionClient:
         self.calls.append({k: v.shape for k, v in observation.items()})
         from types import SimpleNamespace
 
-        return SimpleNamespace(actions=np.zeros((1, 24, 8), np.float32), timings={"total": 3.0},
-                               sessions=[{"session_id": session_ids[0], "step": len(self.calls)}])  # fmt: skip
+        return SimpleNamespace(
+            actions=np.zeros((1, 24, 8), np.float32),
+            timings={"total": 3.0},
+            sessions=[{"session_id": session_ids[0], "step": len(self.calls)}],
+        )
 
     def forget_sessions(self, ids):
         self.forgotten.extend(ids)

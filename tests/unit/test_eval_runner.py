@@ -6,14 +6,13 @@ tiny model is exercised in tests/e2e when the serve graph is available).
 
 import json
 
-import mediapy
+import imageio_ffmpeg
 import numpy as np
 import pytest
 
 from dreamzero.errors import ConfigError
 from eval.mujoco_droid import MujocoDroidEnv
 from eval.policy_links import OpenPILink
-from eval.recording import configure_ffmpeg
 from eval.report import write_report
 from eval.runner import EvalConfig, binarize_gripper, run_evaluation
 from tests.eval_support import FakeOpenPIServer, ScriptedLink
@@ -27,7 +26,9 @@ def test_short_run_over_openpi_websocket_writes_video_json_summary_report(tmp_pa
     with FakeOpenPIServer() as server:
         link = OpenPILink("127.0.0.1", server.port, timeout_s=10)
         try:
-            summary = run_evaluation(_env, link, EvalConfig(out_dir=tmp_path, max_steps=20, extra={"simulator": "mujoco"}))
+            summary = run_evaluation(
+                _env, link, EvalConfig(out_dir=tmp_path, max_steps=20, extra={"simulator": "mujoco"})
+            )
         finally:
             link.close()
         assert server.infer_calls == 3  # steps 0, 8, 16
@@ -37,16 +38,26 @@ def test_short_run_over_openpi_websocket_writes_video_json_summary_report(tmp_pa
     assert summary["per_scene"][1]["ci95"][1] > 0.7  # one trial: a wide interval
 
     # video: 15 fps, three 180x320 views side by side, reset frame + one per step
-    configure_ffmpeg()
-    video = mediapy.read_video(tmp_path / "videos" / "scene1_ep000.mp4")
-    assert video.shape == (21, 180, 960, 3) and video.metadata.fps == pytest.approx(15.0)
+    # (read back with imageio-ffmpeg: mediapy's reader passes -vsync, which the bundled ffmpeg 9 no longer has)
+    reader = imageio_ffmpeg.read_frames(str(tmp_path / "videos" / "scene1_ep000.mp4"))
+    meta = next(reader)
+    frames = list(reader)
+    assert meta["size"] == (960, 180) and meta["fps"] == pytest.approx(15.0)
+    assert len(frames) == 21 and len(frames[0]) == 180 * 960 * 3
 
     record = json.loads((tmp_path / "episodes" / "scene1_ep000.json").read_text())
     steps = record["steps"]
     assert len(steps) == 20 and [s["step"] for s in steps if s["queried"]] == [0, 8, 16]
     assert steps[0]["chunk_latency_ms"] > 0 and steps[1]["chunk_latency_ms"] is None
-    assert set(steps[0]) >= {"action", "joint_position", "gripper_position", "reward", "terminated", "truncated",
-                             "object_poses"}  # fmt: skip
+    assert set(steps[0]) >= {
+        "action",
+        "joint_position",
+        "gripper_position",
+        "reward",
+        "terminated",
+        "truncated",
+        "object_poses",
+    }
     assert set(steps[0]["object_poses"]) == {"cube", "bowl"} and len(steps[0]["object_poses"]["cube"]) == 7
     assert steps[0]["raw_gripper"] == pytest.approx(0.8) and steps[0]["action"][7] == 1.0  # binarised
     # the chunk is executed open loop: row k of the chunk queried at step 0 is sent at step k
@@ -85,21 +96,23 @@ def test_error_reply_or_bad_chunk_fails_only_that_episode(tmp_path, inject, reas
     with FakeOpenPIServer(**inject) as server:
         link = OpenPILink("127.0.0.1", server.port, timeout_s=5)
         try:
-            summary = run_evaluation(_env, link, EvalConfig(out_dir=tmp_path, episodes_per_scene=2, max_steps=10,
-                                                            record_video=False))  # fmt: skip
+            summary = run_evaluation(
+                _env, link, EvalConfig(out_dir=tmp_path, episodes_per_scene=2, max_steps=10, record_video=False)
+            )
         finally:
             link.close()
         assert len(server.resets) == 2  # both sessions were reset, the failed one too
     assert summary["failed_episodes"] == 1 and summary["failures"][0]["reason"] == reason
     assert summary["failures"][0]["episode"] == 0
     ep1 = json.loads((tmp_path / "episodes" / "scene1_ep001.json").read_text())
-    assert ep1["failure"] is None and ep1["steps"] == 10
+    assert ep1["failure"] is None and ep1["num_steps"] == len(ep1["steps"]) == 10
 
 
 def test_sessions_horizon_and_scenes_with_a_scripted_link(tmp_path):
     link = ScriptedLink(horizon=5)  # shorter chunks than the open-loop horizon: query when the chunk runs out
-    config = EvalConfig(out_dir=tmp_path, scenes=(1, 3), episodes_per_scene=2, open_loop_horizon=8, max_steps=12,
-                        record_video=False)  # fmt: skip
+    config = EvalConfig(
+        out_dir=tmp_path, scenes=(1, 3), episodes_per_scene=2, open_loop_horizon=8, max_steps=12, record_video=False
+    )
     summary = run_evaluation(_env, link, config)
     assert summary["episodes"] == 4 and summary["server_calls"] == 4 * 3  # steps 0, 5, 10
     sessions = [sid for _, _, sid in link.calls]

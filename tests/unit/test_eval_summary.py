@@ -41,8 +41,17 @@ def test_latency_percentiles():
 
 
 def _episode(scene, ep, success, failure=None, lat=(100.0,)):
-    return {"scene_id": scene, "episode": ep, "instruction": f"task {scene}", "success": success, "failure": failure,
-            "server_calls": len(lat), "latencies_ms": list(lat), "steps": 16, "session_id": f"s{scene}{ep}"}  # fmt: skip
+    return {
+        "scene_id": scene,
+        "episode": ep,
+        "instruction": f"task {scene}",
+        "success": success,
+        "failure": failure,
+        "server_calls": len(lat),
+        "latencies_ms": list(lat),
+        "num_steps": 16,
+        "session_id": f"s{scene}{ep}",
+    }
 
 
 def test_summary_counts_failed_episodes_as_unsuccessful():

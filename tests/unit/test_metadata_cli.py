@@ -20,8 +20,8 @@ STATS = ("min", "max", "mean", "std", "q01", "q99")
 
 def numpy_stats(x: np.ndarray) -> dict:
     x = np.asarray(x, np.float64)
-    return {"min": x.min(0), "max": x.max(0), "mean": x.mean(0), "std": x.std(0, ddof=0),
-            "q01": np.quantile(x, 0.01, axis=0, method="linear"), "q99": np.quantile(x, 0.99, axis=0, method="linear")}  # fmt: skip
+    q01, q99 = np.quantile(x, 0.01, axis=0, method="linear"), np.quantile(x, 0.99, axis=0, method="linear")
+    return {"min": x.min(0), "max": x.max(0), "mean": x.mean(0), "std": x.std(0, ddof=0), "q01": q01, "q99": q99}
 
 
 def assert_stats(entry: dict, x: np.ndarray):
@@ -82,12 +82,16 @@ def test_manual_flags_and_merge_through_main(tmp_path, capsys):
     libero_root = write_v2(tmp_path / "libero", random_episodes(2, {"state": 8, "actions": 7}, seed=4))
     assert main(["generate", str(libero_root), "--preset", "libero_sim", "-o", str(out), "--no-progress"]) == 2
     assert "exists; pass --merge" in capsys.readouterr().err
-    assert main(["generate", str(libero_root), "--preset", "libero_sim", "-o", str(out), "--merge", "--no-progress"]) == 0
+    assert (
+        main(["generate", str(libero_root), "--preset", "libero_sim", "-o", str(out), "--merge", "--no-progress"]) == 0
+    )
     written = json.loads(out.read_text())
     assert sorted(written) == ["libero_sim", "my_arm"]
     states = np.concatenate([e["observation.state"] for e in episodes])
     assert_stats(written["my_arm"]["statistics"]["state"]["arm"], states[:, :6])
-    assert_stats(written["my_arm"]["statistics"]["action"]["gripper"], np.concatenate([e["action"] for e in episodes])[:, 6:])
+    assert_stats(
+        written["my_arm"]["statistics"]["action"]["gripper"], np.concatenate([e["action"] for e in episodes])[:, 6:]
+    )
     assert written["my_arm"]["modalities"]["video"]["front"]["resolution"] == [640, 480]
 
 
@@ -116,7 +120,9 @@ def test_column_slice_parsing():
 
 def test_missing_column_names_the_features(tmp_path):
     root = write_v2(tmp_path / "ds", random_episodes(2, {"observation.state": 8, "action": 7}))
-    with pytest.raises(ConfigError, match=r"columns \['actions', 'state'\] are not features.*observation\.state.*--state"):
+    with pytest.raises(
+        ConfigError, match=r"columns \['actions', 'state'\] are not features.*observation\.state.*--state"
+    ):
         compute_metadata(LeRobotDataset(root), get_preset("libero_sim"), progress=False)
 
 
@@ -159,3 +165,19 @@ def test_droid_preset_without_modality_json_says_what_to_pass(tmp_path):
     root = write_v2(tmp_path / "ds", random_episodes(1, {"observation.state": 8, "action": 8}))
     with pytest.raises(ConfigError, match=r"meta/modality.json, which is missing; pass --state"):
         compute_metadata(LeRobotDataset(root), get_preset("oxe_droid"), progress=False)
+
+
+def test_frame_stride_and_progress_bar(tmp_path, capsys):
+    episodes = random_episodes(2, {"observation.state": 8, "action": 8}, seed=12, lengths=[25, 31])
+    root = write_v2(tmp_path / "ds", episodes, modality=DROID_MODALITY)
+    out = tmp_path / "m.json"
+    assert main(["generate", str(root), "--preset", "oxe_droid", "--frame-stride", "3", "-o", str(out)]) == 0
+    assert "oxe_droid: episodes" in capsys.readouterr().err  # tqdm progress over episodes
+    entry = json.loads(out.read_text())["oxe_droid"]["statistics"]
+    states = np.concatenate([e["observation.state"][::3] for e in episodes])
+    assert_stats(entry["state"]["joint_position"], states[:, :7])
+    deltas = []
+    for e in episodes:
+        a, s = e["action"][:, :7].astype(np.float64), e["observation.state"][:, :7].astype(np.float64)
+        deltas += [a[t + k] - s[t] for k in range(24) for t in range(0, len(a), 3) if t + k < len(a)]
+    assert_stats(entry["action"]["joint_position"], np.array(deltas))

@@ -1,0 +1,190 @@
+"""Model latency: one steady-state DreamZero chunk, 16 DiT steps vs the upstream 8-step mask vs dynamic skipping.
+
+Everything is measured in one run on one model, so the ratios compare like with like. A "chunk" is a continuing
+session's call (4 new frames: VAE, prefill of the observed block, denoising), timed after warm-up chunks; the
+restart chunk (anchor conditioning) is reported separately.
+
+    python benchmarks/model_latency.py                                  # tiny preset, this machine's device
+    python benchmarks/model_latency.py --preset droid_14b --device cuda --dtype bfloat16   # random 14B weights
+    python benchmarks/model_latency.py --model-path /ckpt/DreamZero-DROID --write-docs
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dreamzero.config import preset  # noqa: E402
+from dreamzero.device import select_device  # noqa: E402
+from dreamzero.pipeline import DreamZeroPipeline, apply_overrides  # noqa: E402
+from dreamzero.sessions import SessionStore  # noqa: E402
+from dreamzero.types import ModelBatch  # noqa: E402
+
+# canvas sent per preset (the model may resize it in-model, see PipelineConfig.model_input_hw)
+CANVAS = {"tiny": (64, 128), "droid_14b": (352, 640), "libero_5b": (256, 512)}
+MODES = {
+    "16 steps": {"dit_step_mask": None, "dynamic_skip": False},
+    "8-step mask (upstream)": {"dynamic_skip": False},
+    "dynamic skipping": {"dynamic_skip": True},
+}
+DOC_SECTION = "## Model latency"
+
+
+def build_model(args):
+    if args.model_path:
+        from dreamzero.checkpoint import load_model
+
+        return load_model(args.model_path, device=args.device, dtype=args.dtype)
+    from dreamzero.model.dreamzero import DreamZeroModel
+    from dreamzero.model.tokenizer import build_local_tokenizer
+
+    cfg = preset(args.preset)
+    device, dtype = select_device(args.device, args.dtype)
+    model = DreamZeroModel.from_config(cfg, device=device, dtype=dtype, seed=0)  # random weights
+    model.text_encoder.tokenizer = build_local_tokenizer(cfg.text_encoder.vocab_size)
+    return model
+
+
+def make_batch(n: int, frames: int, hw: tuple[int, int], step: int) -> ModelBatch:
+    rng = np.random.default_rng(step)
+    return ModelBatch(
+        images=rng.integers(0, 256, (n, frames, *hw, 3), dtype=np.uint8),
+        state=rng.standard_normal((n, 1, 64)).astype(np.float32) * 0.5,
+        state_mask=np.ones((n, 1, 64), bool),
+        prompts=["pick up the marker and put it in the cup"] * n,
+        session_ids=[f"bench-{i}" for i in range(n)],
+    )
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (KiB on Linux)
+
+
+def measure_all(model, args, hw) -> dict[str, dict]:
+    """Per mode: one restart chunk, `warmup` continuing chunks, then `repeats` timed continuing chunks.
+
+    Modes take turns chunk by chunk, so a busy machine slows them alike and the ratios stay meaningful. Sessions
+    restart when the attention window fills (every 4 chunks on DROID); restart chunks are not timed as steady state.
+    """
+    pipes = {
+        name: DreamZeroPipeline(model, apply_overrides(model.config.pipeline, mode), SessionStore(args.batch + 1))
+        for name, mode in MODES.items()
+    }
+    device = next(iter(pipes.values())).device
+    out = {name: {"totals": [], "denoise": [], "steps": [], "peak_mb": 0.0} for name in pipes}
+    calls = dict.fromkeys(pipes, 0)
+
+    def run(name: str, frames: int):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        res = pipes[name].generate(make_batch(args.batch, frames, hw, calls[name]))
+        calls[name] += 1
+        out[name]["peak_mb"] = max(out[name]["peak_mb"], peak_memory_mb(device))
+        return res
+
+    for name in pipes:
+        out[name]["restart_ms"] = run(name, 1).timings_ms["total"]
+    for round_ in range(args.warmup + args.repeats):
+        for name in pipes:
+            res = run(name, 4)
+            while res.sessions[0].restarted:  # window full: a restart chunk, not a steady-state one
+                res = run(name, 4)
+            if round_ >= args.warmup:
+                out[name]["totals"].append(res.timings_ms["total"])
+                out[name]["denoise"].append(res.timings_ms.get("denoise", 0.0))
+                out[name]["steps"].append(res.dit_steps)
+    return {
+        name: {
+            "restart_ms": r["restart_ms"],
+            "chunk_ms": statistics.median(r["totals"]),
+            "denoise_ms": statistics.median(r["denoise"]),
+            "dit_steps": statistics.mean(r["steps"]),
+            "peak_mb": r["peak_mb"],
+            "session_mb": pipes[name].stats()["bytes"] / 2**20 / args.batch,
+        }
+        for name, r in out.items()
+    }
+
+
+def render(results: dict[str, dict], args, model, device_name: str) -> str:
+    base = results["16 steps"]["chunk_ms"]
+    cfg = model.config
+    lines = [
+        f"Preset/checkpoint `{args.model_path or args.preset}` ({cfg.dit.num_layers} layers, dim {cfg.dit.dim}), "
+        f"batch {args.batch}, device {device_name}, dtype {str(model.dtype).removeprefix('torch.')}, "
+        f"median of {args.repeats} steady-state chunks after {args.warmup} warm-up; "
+        f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        "| mode | DiT steps | chunk ms | denoise ms | chunk vs 16 steps | restart chunk ms | peak memory MiB | "
+        "session state MiB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        lines.append(
+            f"| {name} | {r['dit_steps']:.1f} | {r['chunk_ms']:.1f} | {r['denoise_ms']:.1f} | "
+            f"{r['chunk_ms'] / base:.2f}x | {r['restart_ms']:.1f} | {r['peak_mb']:.0f} | {r['session_mb']:.2f} |"
+        )
+    if device_name.startswith("cpu"):
+        lines += ["", "On CPU, peak memory is the process's peak RSS (cumulative across modes), not per mode."]
+    return "\n".join(lines) + "\n"
+
+
+def write_docs(path: Path, table: str) -> None:
+    """Replace (or append) the "Model latency" section of docs/benchmarks.md."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    section = f"{DOC_SECTION}\n\nWritten by `benchmarks/model_latency.py --write-docs`.\n\n{table}"
+    pattern = re.compile(rf"^{re.escape(DOC_SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
+    path.write_text(text)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="tiny", choices=sorted(CANVAS))
+    ap.add_argument("--model-path", help="checkpoint directory (default: the preset with random weights)")
+    ap.add_argument("--device")
+    ap.add_argument("--dtype")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--canvas", help="HxW of the canvas sent (default per preset)")
+    ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the table into this file")
+    args = ap.parse_args(argv)
+
+    model = build_model(args)
+    hw = tuple(int(v) for v in args.canvas.split("x")) if args.canvas else CANVAS.get(args.preset, (64, 128))
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
+    else:
+        device_name = f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+    results = measure_all(model, args, hw)
+    table = render(results, args, model, device_name)
+    print(table)
+    if args.write_docs:
+        path = Path(args.write_docs)
+        if not path.is_absolute():
+            path = Path(__file__).resolve().parents[1] / path
+        write_docs(path, table)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,174 @@
+"""A corpus of malformed requests: each gets the right 4xx (never a 500, never a traceback); the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+
+import msgpack
+import numpy as np
+import pytest
+
+from serve_graph import codec, protocol
+from tests.cluster.conftest import AUTH
+from tests.graph.helpers import decode, droid_raw_observation, normalised_body, normalised_observation
+
+pytestmark = pytest.mark.cluster
+
+GEN = "/v1/actions/generations"
+MP, JS = "application/msgpack", "application/json"
+
+
+def _nd(dtype: str, shape: list, data: bytes) -> dict:
+    return {b"__ndarray__": True, b"data": data, b"dtype": dtype, b"shape": shape}
+
+
+def _normalised(**changes) -> dict:
+    """A valid normalised body (as a decoded dict) with `changes` applied to observation / parameters / top level."""
+    body = protocol.build_request_body(normalised_observation(1), ["p"], ["corpus"])
+    for path, value in changes.items():
+        target = body
+        *parents, leaf = path.split("__")
+        for p in parents:
+            target = target[p]
+        if value is _DELETE:
+            target.pop(leaf)
+        else:
+            target[leaf] = value
+    return body
+
+
+def _raw(**obs_changes) -> dict:
+    obs = droid_raw_observation(1)
+    for key, value in obs_changes.items():
+        key = key.replace("__", ".")
+        if value is _DELETE:
+            obs.pop(key)
+        else:
+            obs[key] = value
+    return protocol.build_request_body(obs, ["pick"], ["corpus-raw"])
+
+
+_DELETE = object()
+
+
+def mp(obj) -> bytes:
+    return codec.encode_msgpack(obj)
+
+
+def raw_mp(obj) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _with_obs(key: str, value) -> bytes:
+    body = _normalised()
+    body["input"]["observation"][key] = value
+    return raw_mp({**body, "input": {**body["input"], "observation": {
+        k: (v if isinstance(v, dict) else codec._openpi_default(v)) for k, v in body["input"]["observation"].items()
+    }}})  # fmt: skip
+
+
+BIG = 5 * 1024 * 1024  # over the 4 MiB test limit
+
+# (id, body, content type, expected status, field expected in the error or None)
+CORPUS = [
+    # --- 400: the body cannot be decoded or has the wrong structure
+    ("msgpack-garbage", b"\xc1\xc1\xc1", MP, 400, None),
+    ("msgpack-empty", b"", MP, 400, None),
+    ("msgpack-truncated", mp(_normalised())[:200], MP, 400, None),
+    ("msgpack-trailing-bytes", mp(_normalised()) + b"\x00", MP, 400, None),
+    ("msgpack-ext-type", raw_mp(msgpack.ExtType(42, b"x")), MP, 400, None),
+    ("msgpack-top-level-list", raw_mp([1, 2, 3]), MP, 400, None),
+    ("msgpack-int-map-key", raw_mp({1: "x"}), MP, 400, None),
+    ("json-garbage", b"{not json", JS, 400, None),
+    ("json-empty", b"", JS, 400, None),
+    ("json-top-level-list", b"[1,2]", JS, 400, None),
+    ("json-input-not-object", json.dumps({"input": 3}).encode(), JS, 400, None),
+    ("json-parameters-not-object", json.dumps({"input": {}, "parameters": 3}).encode(), JS, 400, None),
+    ("nd-object-dtype", _with_obs("state", _nd("|O", [1, 1, 64], b"\x00" * 512)), MP, 400, None),
+    ("nd-complex-dtype", _with_obs("state", _nd("<c8", [1, 1, 64], b"\x00" * 512)), MP, 400, None),
+    ("nd-void-dtype", _with_obs("state", _nd("|V8", [1, 1, 64], b"\x00" * 512)), MP, 400, None),
+    ("nd-datetime-dtype", _with_obs("state", _nd("<M8[s]", [1, 1, 64], b"\x00" * 512)), MP, 400, None),
+    ("nd-unknown-dtype", _with_obs("state", _nd("<q9", [1, 1, 64], b"\x00" * 512)), MP, 400, None),
+    ("nd-bytes-mismatch", _with_obs("state", _nd("<f4", [1, 1, 64], b"\x00" * 10)), MP, 400, None),
+    ("nd-negative-shape", _with_obs("state", _nd("<f4", [-1, 64], b"")), MP, 400, None),
+    ("nd-missing-shape", _with_obs("state", {b"__ndarray__": True, b"data": b"", b"dtype": "<f4"}), MP, 400, None),
+    ("msgpack-numpy-object-kind",
+     _with_obs("state", {b"nd": True, b"type": "|O", b"kind": b"O", b"shape": [1], b"data": b"\x00" * 8}), MP, 400,
+     None),
+    # --- 415: neither msgpack nor JSON
+    ("ctype-text", b"{}", "text/plain", 415, None),
+    ("ctype-xml", b"<a/>", "application/xml", 415, None),
+    ("ctype-png", b"\x89PNG", "image/png", 415, None),
+    ("ctype-form", b"a=1", "application/x-www-form-urlencoded", 415, None),
+    # --- 413: over the configured body limit
+    ("body-too-large", b"\x00" * BIG, MP, 413, None),
+    # --- 422: a field has a wrong value; the error names it
+    ("no-session-ids", mp(_normalised(parameters__session_ids=_DELETE)), MP, 422, "parameters.session_ids"),
+    ("empty-session-ids", mp(_normalised(parameters__session_ids=[])), MP, 422, "parameters.session_ids"),
+    ("session-id-not-string", mp(_normalised(parameters__session_ids=[5])), MP, 422, "parameters.session_ids"),
+    ("duplicate-session-ids",
+     mp(protocol.build_request_body(normalised_observation(2), ["p", "p"], ["d", "d"])), MP, 422,
+     "parameters.session_ids"),
+    ("reset-mask-length", mp(_normalised(parameters__reset_mask=[True, False])), MP, 422, "parameters.reset_mask"),
+    ("reset-mask-not-bool", mp(_normalised(parameters__reset_mask=["yes"])), MP, 422, "parameters.reset_mask"),
+    ("no-prompt", mp(_normalised(input__prompt=_DELETE)), MP, 422, "input.prompt"),
+    ("prompt-count", mp(_normalised(input__prompt=["a", "b"])), MP, 422, "input.prompt"),
+    ("prompt-not-string", mp(_normalised(input__prompt=[3])), MP, 422, "input.prompt"),
+    ("observation-not-object", mp(_normalised(input__observation=[1])), MP, 422, "input.observation"),
+    ("unknown-form", mp(_normalised(input__form="cooked")), MP, 422, "input.form"),
+    ("unknown-response-format", mp(_normalised(runtime__response_format="xml")), MP, 422, "runtime.response_format"),
+    ("unknown-output-format", mp(_normalised(runtime__output_format="torch")), MP, 422, "runtime.output_format"),
+    ("negative-seed", mp(_normalised(parameters__seed=-1)), MP, 422, "parameters.seed"),
+    ("string-seed", mp(_normalised(parameters__seed="1140")), MP, 422, "parameters.seed"),
+    ("expected-steps-length", mp(_normalised(parameters__expected_steps=[1, 2])), MP, 422,
+     "parameters.expected_steps"),
+    ("empty-routing-key", mp(_normalised(parameters__routing_key="")), MP, 422, "parameters.routing_key"),
+    ("model-not-string", mp(_normalised(model=7)), MP, 422, "model"),
+    ("images-3-frames",
+     mp(_normalised(input__observation__images=np.zeros((1, 3, 64, 128, 3), np.uint8))), MP, 422,
+     "input.observation.images"),
+    ("images-not-rgb",
+     mp(_normalised(input__observation__images=np.zeros((1, 1, 64, 128, 4), np.uint8))), MP, 422,
+     "input.observation.images"),
+    ("state-wide",
+     mp(_normalised(input__observation__state=np.zeros((1, 1, 65), np.float32))), MP, 422, "input.observation.state"),
+    ("state-nan",
+     mp(_normalised(input__observation__state=np.full((1, 1, 64), np.nan, np.float32))), MP, 422,
+     "input.observation.state"),
+    ("state-mask-floats",
+     mp(_normalised(input__observation__state_mask=np.full((1, 1, 64), 0.5, np.float32))), MP, 422,
+     "input.observation.state_mask"),
+    ("normalised-with-raw-key",
+     mp(_normalised(input__observation__foo=np.zeros((1, 3), np.float32))), MP, 422, "input.observation.foo"),
+    ("raw-missing-gripper", mp(_raw(state__gripper_position=_DELETE)), MP, 422, "state.gripper_position"),
+    ("raw-joint-width", mp(_raw(state__joint_position=np.zeros((1, 6), np.float32))), MP, 422,
+     "state.joint_position"),
+    ("raw-float-image-range",
+     mp(_raw(video__wrist_image_left=np.full((1, 1, 180, 320, 3), 7.0, np.float32))), MP, 422,
+     "video.wrist_image_left"),
+    ("raw-batch-mismatch", mp(_raw(state__joint_position=np.zeros((2, 7), np.float32))), MP, 422,
+     "input.observation.state.joint_position"),
+    ("raw-unknown-key", mp(_raw(state__cartesian_velocity=np.zeros((1, 6), np.float32))), MP, 422,
+     "state.cartesian_velocity"),
+]
+
+
+def test_corpus_is_big_enough():
+    assert len(CORPUS) >= 40 and len({c[0] for c in CORPUS}) == len(CORPUS)
+
+
+@pytest.mark.parametrize("name, body, ctype, status, field", CORPUS, ids=[c[0] for c in CORPUS])
+def test_malformed_request(http, front_door, name, body, ctype, status, field):
+    resp = http.post(front_door + GEN, content=body, headers={"content-type": ctype, **AUTH})
+    assert resp.status_code == status, (name, resp.status_code, resp.content[:300])
+    err = decode(resp.content, codec.OPENPI if "msgpack" in resp.headers["content-type"] else codec.JSON)
+    assert err["error"]["message"] and "Traceback" not in err["error"]["message"]
+    if field is not None:
+        assert err["error"]["field"] == field, err
+
+
+def test_server_still_serves_after_the_corpus(http, front_door):
+    body = normalised_body(["after-corpus"])
+    resp = http.post(front_door + GEN, content=body, headers={"content-type": MP, **AUTH})
+    assert resp.status_code == 200
+    assert http.get(front_door + "/health").status_code == 200

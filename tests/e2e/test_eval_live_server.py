@@ -1,0 +1,165 @@
+"""DROID evaluation against a live `serve run serve_config.yaml` (embedded tiny model, CPU) over the OpenPI WebSocket.
+
+1. a short run (scene 1, 1 episode, 2 chunks) produces the video, per-step JSON, summary and report;
+2. a second run with the server stopped halfway records the failure with its reason and finishes.
+The server is started once for the module on a free loopback port, in its own process group, and always torn down.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from eval.cli import main
+from eval.mujoco_droid import MujocoDroidEnv
+from eval.policy_links import OpenPILink
+from eval.runner import EvalConfig, run_evaluation
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 300.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    def __init__(self, tmp: Path):
+        cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+        self.port = _free_port()
+        cfg.setdefault("http_options", {}).update({"host": "127.0.0.1", "port": self.port})
+        config_path = tmp / "serve_config.yaml"
+        config_path.write_text(yaml.safe_dump(cfg))
+        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": tempfile.mkdtemp(prefix="rayeval", dir="/tmp")}
+        self.log_path = tmp / "serve.log"
+        self._log = open(self.log_path, "wb")
+        serve_bin = Path(sys.executable).with_name("serve")
+        self.proc = subprocess.Popen(
+            [str(serve_bin), "run", str(config_path)],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"serve run exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=3.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(2.0)
+        pytest.fail(f"server not ready after {READY_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self) -> str:
+        return self.log_path.read_bytes()[-4000:].decode("utf-8", "replace")
+
+    def stop(self) -> None:
+        """SIGINT (serve run shuts the app and Ray down), then SIGKILL whatever is left of the process group."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory):
+    server = LiveServer(tmp_path_factory.mktemp("serve"))
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_short_run_against_the_live_server(live_server, tmp_path):
+    code = main(
+        [
+            "--scenes",
+            "1",
+            "--max-steps",
+            "16",
+            "--render",
+            "fast",
+            "--port",
+            str(live_server.port),
+            "--timeout-s",
+            "120",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
+    assert code == 0, live_server.log_tail()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["failed_episodes"] == 0, summary["failures"]
+    assert summary["server_calls"] == 2 and summary["latency_ms"]["count"] == 2
+    record = json.loads((tmp_path / "episodes" / "scene1_ep000.json").read_text())
+    first, second = record["server_sessions"]  # the server's own continuity report for our session
+    assert first["restart_reason"] == "new_session" and not second["restarted"] and second["step"] == 2
+    assert len(record["steps"]) == 16 and all(len(s["action"]) == 8 for s in record["steps"])
+    for path in ("videos/scene1_ep000.mp4", "report.html", "summary.md", "plots/latency_hist.png"):
+        assert (tmp_path / path).stat().st_size > 0, path
+
+
+class _StopServerAfter:
+    """Wraps a link and stops the live server right after the n-th successful call."""
+
+    def __init__(self, link, n, server):
+        self.link, self.n, self.server, self.calls = link, n, server, 0
+        self.name = link.name
+
+    def infer(self, frames, instruction, session_id):
+        reply = self.link.infer(frames, instruction, session_id)
+        self.calls += 1
+        if self.calls == self.n:
+            self.server.stop()
+        return reply
+
+    def reset(self, session_id):
+        self.link.reset(session_id)
+
+    def close(self):
+        self.link.close()
+
+
+def test_server_stopped_halfway_is_recorded_and_the_run_finishes(live_server, tmp_path):
+    link = _StopServerAfter(OpenPILink("127.0.0.1", live_server.port, timeout_s=30, max_reconnects=0), 2, live_server)
+    try:
+        config = EvalConfig(out_dir=tmp_path, episodes_per_scene=2, max_steps=24, record_video=False)
+        summary = run_evaluation(lambda s: MujocoDroidEnv(s, image_size=(90, 160), render_quality="fast"), link, config)
+    finally:
+        link.close()
+    assert summary["episodes"] == 2 and summary["failed_episodes"] == 2
+    first, second = summary["failures"]
+    assert first["step"] == 16 and first["reason"] in ("server_unreachable", "timeout"), first
+    assert second["step"] == 0 and second["reason"] == "server_unreachable", second
+    assert summary["server_calls"] == 2
