@@ -138,7 +138,11 @@ class IngressDeployment:
     async def health(self) -> dict:
         """Ready when one replica of every deployment answers; raises NotReady otherwise."""
         states = {}
-        for name, handle in (("preprocess", self.preprocess), ("policy", self.policy), ("postprocess", self.postprocess)):
+        for name, handle in (
+            ("preprocess", self.preprocess),
+            ("policy", self.policy),
+            ("postprocess", self.postprocess),
+        ):
             try:
                 states[name] = bool(await _bounded(handle.ready.remote(), 5.0))
             except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
@@ -278,7 +282,9 @@ class IngressDeployment:
             report = reply.sessions[0]
             session.last_step, session.reset_next = report.step, False
             extra = {"session": report.to_dict(), "timings": reply.timings_ms} if req.reply_as_dict else None
-            return protocol.pack_frame(protocol.infer_reply(reply.actions[0], req.reply_as_dict, extra), flavour), session
+            return protocol.pack_frame(
+                protocol.infer_reply(reply.actions[0], req.reply_as_dict, extra), flavour
+            ), session
         except Exception as exc:  # noqa: BLE001 - reported to the client as an error frame
             return protocol.pack_frame(ws_error_frame(exc), flavour), session
 
@@ -296,7 +302,9 @@ class IngressDeployment:
                 obs[target] = np.asarray(value)[None]
         missing = [k for k, t in self.key_map.items() if t not in obs]
         if missing:
-            raise InvalidObservation(f"'{missing[0]}' is required for infer (OpenPI keys: {list(self.key_map)})", missing[0])
+            raise InvalidObservation(
+                f"'{missing[0]}' is required for infer (OpenPI keys: {list(self.key_map)})", missing[0]
+            )
         return protocol.GenerationRequest(
             prompts=[req.prompt or ""],
             observation=obs,

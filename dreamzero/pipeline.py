@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from dreamzero.config import DiTConfig, PipelineConfig
+from dreamzero.embodiments.transforms import NEGATIVE_PROMPT as DEFAULT_NEGATIVE_PROMPT
 from dreamzero.errors import ConfigError, InvalidObservation
 from dreamzero.model.dit import CausalWanDiT
 from dreamzero.model.scheduler import FlowUniPCScheduler
@@ -39,12 +40,6 @@ from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 
 log = logging.getLogger(__name__)
 
-DEFAULT_NEGATIVE_PROMPT = (
-    "Vibrant colors, overexposed, static, blurry details, text, subtitles, style, artwork, painting, image, still, "
-    "grayscale, dull, worst quality, low quality, JPEG artifacts, ugly, mutilated, extra fingers, bad hands, bad face, "
-    "deformed, disfigured, mutated limbs, fused fingers, stagnant image, cluttered background, three legs, many people "
-    "in the background, walking backwards."
-)
 _MASK_CHANNELS = 4  # `y` = 4 first-frame mask channels + z latent channels (i2v)
 
 
@@ -115,10 +110,10 @@ class StepPlan:
 
 
 def branch_rows(x: torch.Tensor | None, guided: bool) -> torch.Tensor | None:
-    """[G, ...] -> [2G, ...] (cond rows, then uncond rows) when guidance runs, else unchanged."""
+    """[G, ...] -> [2G, ...] session-major (s0 cond, s0 uncond, s1 cond, ...) when guidance runs, else unchanged."""
     if x is None or not guided:
         return x
-    return torch.cat([x, x], dim=0)
+    return x.repeat_interleave(2, dim=0)
 
 
 @torch.no_grad()
@@ -162,8 +157,8 @@ def denoise_block(
 ) -> DenoiseResult:
     """Denoise one block for G rows: video_noise [G, z, F, h, w], action_noise [G, A, ad], state [G, 1, S].
 
-    With guidance (cfg_scale != 1) `context_emb` and `kv_cache` hold 2G rows (cond rows first, then uncond) and
-    `y` G rows; without guidance all hold G rows. Samples stay fp32 whatever the DiT's dtype.
+    With guidance (cfg_scale != 1) `context_emb` and `kv_cache` hold 2G rows, session-major (s0 cond, s0 uncond,
+    s1 cond, ...), and `y` G rows; without guidance all hold G rows. Samples stay fp32 whatever the DiT's dtype.
     """
     guided = cfg.cfg_scale != 1.0
     g = video_noise.shape[0]
@@ -192,8 +187,9 @@ def denoise_block(
             )
             pred_v, pred_a = out.video.float(), out.action.float()
             if guided:  # guidance on video only; the action follows the conditional branch
-                v = pred_v[g:] + cfg.cfg_scale * (pred_v[:g] - pred_v[g:])
-                v_action = pred_a[:g]
+                v_cond, v_uncond = pred_v.unflatten(0, (g, 2)).unbind(1)
+                v = v_uncond + cfg.cfg_scale * (v_cond - v_uncond)
+                v_action = pred_a.unflatten(0, (g, 2))[:, 0]
             else:
                 v, v_action = pred_v, pred_a
             plan.observe(i, v)
@@ -203,19 +199,22 @@ def denoise_block(
     return DenoiseResult(video=x, action=a, dit_steps=steps)
 
 
-def stack_caches(states: list[SessionState], branches: Iterable[str]) -> list[torch.Tensor]:
-    """Per-layer [2, R, L, N, d] from the sessions' caches, rows ordered branch-major (all cond, then all uncond)."""
-    per_row = [s.kv_cache[b] for b in branches for s in states]
-    return [torch.cat([row[layer] for row in per_row], dim=1) for layer in range(len(per_row[0]))]
+def stack_caches(states: list[SessionState]) -> list[torch.Tensor]:
+    """Per-layer [2, R, L, N, d] for one forward, session-major rows; a lone session's cache is used as is."""
+    if len(states) == 1:
+        return states[0].kv_cache
+    return [torch.cat([s.kv_cache[layer] for s in states], dim=1) for layer in range(len(states[0].kv_cache))]
 
 
 def split_caches(caches: list[torch.Tensor], states: list[SessionState], branches: tuple[str, ...]) -> None:
-    """Store the rows of batched caches back into the sessions (cloned: a session must not pin the batch tensor)."""
-    g = len(states)
-    for bi, branch in enumerate(branches):
-        for si, state in enumerate(states):
-            r = bi * g + si
-            state.kv_cache[branch] = [c[:, r : r + 1].clone() for c in caches]
+    """Give each session its rows of the batched caches (cloned when batched: a session must not pin the batch)."""
+    nb = len(branches)
+    for si, state in enumerate(states):
+        state.branches = branches
+        if len(states) == 1:
+            state.kv_cache = list(caches)
+        else:
+            state.kv_cache = [c[:, si * nb : (si + 1) * nb].clone() for c in caches]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -293,10 +292,12 @@ class DreamZeroPipeline:
         tokenizer_path=None,
         max_sessions: int = 64,
         session_ttl_s: float | None = None,
+        session_max_bytes: int | None = None,
     ) -> DreamZeroPipeline:
         """Load a checkpoint directory (None: the embedded tiny default) and wrap it with a session store.
 
-        `overrides` replaces PipelineConfig fields by name (e.g. {"dynamic_skip": True}).
+        `overrides` replaces PipelineConfig fields by name (e.g. {"dynamic_skip": True}); the session store holds at
+        most `max_sessions` sessions and `session_max_bytes` bytes of their tensors, evicting idle ones.
         """
         from dreamzero.checkpoint import load_model
 
@@ -306,7 +307,8 @@ class DreamZeroPipeline:
             model_path = default_model_dir()
         model = load_model(model_path, device=device, dtype=dtype, tokenizer_path=tokenizer_path)
         config = apply_overrides(model.config.pipeline, overrides)
-        return cls(model, config, SessionStore(max_sessions=max_sessions, ttl_s=session_ttl_s))
+        store = SessionStore(max_sessions=max_sessions, ttl_s=session_ttl_s, max_bytes=session_max_bytes)
+        return cls(model, config, store)
 
     # -- session control -----------------------------------------------------------------------------------------------
 
@@ -327,7 +329,14 @@ class DreamZeroPipeline:
 
     @torch.no_grad()
     def generate(self, batch: ModelBatch, return_latents: bool = False, noise: Mapping | None = None) -> ChunkResult:
-        """One action chunk per row. `noise` (tests/parity): {"video": [B, z, F, h, w], "action": [B, A, ad]}."""
+        """One action chunk per row of `batch` (any mix of new, continuing and restarting sessions).
+
+        Returns normalised actions [B, action_horizon, 32] (zero padded past action_dim), one SessionReport per row,
+        per-stage timings and, with return_latents, the predicted latents [B, z, F, h, w]. `noise` replaces the
+        seeded noise (parity tests, replays): {"video": [B, z, F, h, w], "action": [B, A, action_dim]}.
+        Bad input raises InvalidObservation naming the field before any session is touched; a failure inside the
+        model forgets the batch's sessions (they restart next time) and never touches other sessions.
+        """
         t_start = time.perf_counter()
         timer = _Timer(self.device)
         self._validate(batch)
@@ -346,7 +355,7 @@ class DreamZeroPipeline:
         n = len(batch)
         # 1. text (cached per session; only new / changed prompts are encoded, in one call)
         with timer("text"):
-            self._encode_text(rows, batch)
+            self._encode_text(rows)
 
         # 2. restarted rows: anchor conditioning and prefill at frame 0
         restarts = [r for r in rows if r.restarted]
@@ -428,6 +437,12 @@ class DreamZeroPipeline:
             )
         if not np.isfinite(batch.state).all():
             raise InvalidObservation("state holds NaN or inf", field="state")
+        for name in ("prompts", "negative_prompts"):
+            value = getattr(batch, name)
+            if (value is not None or name == "prompts") and (
+                not isinstance(value, (list, tuple)) or any(not isinstance(p, str) for p in value)
+            ):
+                raise InvalidObservation(f"{name} must be a list of {n} strings", field=name)
         for name in ("prompts", "negative_prompts", "reset_mask", "expected_steps", "seeds"):
             value = getattr(batch, name)
             if value is not None and len(value) != n:
@@ -447,7 +462,6 @@ class DreamZeroPipeline:
 
     def _resolve(self, batch: ModelBatch) -> list[_Row]:
         """Find or create each row's session and decide whether (and why) it restarts."""
-        n = len(batch)
         single_frame = batch.images.shape[1] == 1
         rows = []
         for i, sid in enumerate(batch.session_ids):
@@ -477,10 +491,9 @@ class DreamZeroPipeline:
                 state = SessionState(session_id=sid, prompt=prompt, negative_prompt=negative, text_cache=keep)
             seed = int(batch.seeds[i]) if batch.seeds is not None else self.config.default_seed
             rows.append(_Row(index=i, state=state, restarted=reason is not None, reason=reason, seed=seed))
-        assert len(rows) == n
         return rows
 
-    def _encode_text(self, rows: list[_Row], batch: ModelBatch) -> None:
+    def _encode_text(self, rows: list[_Row]) -> None:
         todo: list[tuple[_Row, str, str]] = []
         for r in rows:
             for branch, text in (("cond", r.state.prompt), ("uncond", r.state.negative_prompt)):
@@ -519,11 +532,11 @@ class DreamZeroPipeline:
         return lat
 
     def _context_emb(self, states: list[SessionState], clip: list[torch.Tensor | None]) -> torch.Tensor:
-        """Cross-attention context for the rows of one forward, branch-major: [R, (257 +) 512, D]."""
-        text = torch.cat([s.text_cache[b] for b in self._branches for s in states])
+        """Cross-attention context for the rows of one forward, session-major: [R, (257 +) 512, D]."""
+        text = torch.cat([s.text_cache[b] for s in states for b in self._branches])
         img = None
         if self.dit_cfg.has_image_input:
-            img = torch.cat([c for _ in self._branches for c in clip])
+            img = torch.cat([c for c in clip for _ in self._branches])
         return self.dit.embed_context(text, img)
 
     def _start_sessions(self, rows: list[_Row], anchors: torch.Tensor, timer: _Timer) -> None:
@@ -545,7 +558,10 @@ class DreamZeroPipeline:
                 mask[:, :, 0] = 1.0
                 y = torch.cat([mask, lat], dim=1).to(self.dtype)
                 if y.shape[1] + cfg.out_dim != cfg.in_dim:
-                    raise ConfigError(f"y has {y.shape[1]} channels; dit.in_dim {cfg.in_dim} expects {cfg.in_dim - 16}")
+                    raise ConfigError(
+                        f"y has {y.shape[1]} channels (4 mask + {lat.shape[1]} latent) but dit.in_dim - dit.out_dim "
+                        f"= {cfg.in_dim - cfg.out_dim}; the VAE's z_dim does not match the DiT"
+                    )
                 first_latent = lat[:, :, :1]
             else:
                 y = None
@@ -596,7 +612,7 @@ class DreamZeroPipeline:
                 self.dit,
                 branch_rows(lat, self._guided).to(self.dtype),
                 context_emb=ctx,
-                kv_cache=stack_caches(states, self._branches),
+                kv_cache=stack_caches(states),
                 start_frame=start,
                 y=branch_rows(y, self._guided),
             )
@@ -638,7 +654,7 @@ class DreamZeroPipeline:
                 action_noise=action_noise,
                 state=state,
                 context_emb=ctx,
-                kv_cache=stack_caches(states, self._branches),
+                kv_cache=stack_caches(states),
                 start_frame=csf,
                 y=y,
             )

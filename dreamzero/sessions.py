@@ -29,8 +29,10 @@ class SessionState:
     session_id: str
     prompt: str
     negative_prompt: str
-    # per branch, per layer [2(k, v), 1, L, heads, head_dim]; only prefill passes grow it, capped at the window
-    kv_cache: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    # per layer [2(k, v), len(branches), L, heads, head_dim]: one row per CFG branch, so a lone session's forward
+    # (cond + uncond rows) uses it as is, without a copy; only prefill passes grow it, capped at the window
+    kv_cache: list[torch.Tensor] = field(default_factory=list)
+    branches: tuple[str, ...] = BRANCHES  # the CFG branches the cache rows hold, in row order
     # T5 rows of the prompt ("cond") and negative prompt ("uncond"): [1, text_len, text_dim]
     text_cache: dict[str, torch.Tensor] = field(default_factory=dict)
     clip_feature: torch.Tensor | None = None  # [1, 257, image_dim] (i2v only)
@@ -43,13 +45,12 @@ class SessionState:
     last_used: float = 0.0  # store clock at the last access
 
     def kv_len(self) -> int:
-        """Cached video tokens (equal in both branches and all layers)."""
-        layers = self.kv_cache.get("cond")
-        return int(layers[0].shape[2]) if layers else 0
+        """Cached video tokens (equal in every branch and layer)."""
+        return int(self.kv_cache[0].shape[2]) if self.kv_cache else 0
 
     def nbytes(self) -> int:
         """Bytes held by this session's tensors."""
-        tensors = [t for layers in self.kv_cache.values() for t in layers]
+        tensors = list(self.kv_cache)
         tensors += list(self.text_cache.values())
         tensors += [t for t in (self.clip_feature, self.y, self.first_frame) if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
@@ -58,10 +59,11 @@ class SessionState:
 class SessionStore:
     """LRU/TTL-bounded map session_id -> SessionState, with eviction memory and restart statistics.
 
-    `max_sessions` bounds live sessions (the least recently used is evicted to make room); `ttl_s` (None = never)
-    drops sessions idle for longer. Evicted ids are remembered (at most `remember_evicted`, oldest forgotten first) so
-    `lookup` can tell "evicted" from "new_session". A lock makes every method atomic, enough for one asyncio replica
-    that also runs the model in a worker thread.
+    `max_sessions` bounds live sessions (the least recently used is evicted to make room); `max_bytes` (None = no
+    limit) bounds the bytes their tensors hold (a DROID 14B session at a full window holds ~10 GB of KV cache);
+    `ttl_s` (None = never) drops sessions idle for longer. Evicted ids are remembered (at most `remember_evicted`,
+    oldest forgotten first) so `lookup` can tell "evicted" from "new_session". A lock makes every method atomic,
+    enough for one asyncio replica that also runs the model in a worker thread.
     """
 
     def __init__(
@@ -70,12 +72,16 @@ class SessionStore:
         ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         remember_evicted: int | None = None,
+        max_bytes: int | None = None,
     ):
         if max_sessions < 1:
             raise ConfigError(f"max_sessions must be >= 1, got {max_sessions}")
         if ttl_s is not None and ttl_s <= 0:
             raise ConfigError(f"session_ttl_s must be > 0 or None, got {ttl_s}")
+        if max_bytes is not None and max_bytes <= 0:
+            raise ConfigError(f"session max_bytes must be > 0 or None, got {max_bytes}")
         self.max_sessions = max_sessions
+        self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self._clock = clock
         self._sessions: OrderedDict[str, SessionState] = OrderedDict()  # least recently used first
@@ -119,6 +125,14 @@ class SessionStore:
                 if victim is None:
                     victim = next(sid for sid in self._sessions if sid != state.session_id)
                 self._evict(victim)
+            if self.max_bytes is not None:
+                # only idle sessions go for bytes: the batch in flight needs its state, whatever its size
+                total = sum(s.nbytes() for s in self._sessions.values())
+                for sid in [sid for sid in self._sessions if sid not in keep]:
+                    if total <= self.max_bytes:
+                        break
+                    total -= self._sessions[sid].nbytes()
+                    self._evict(sid)
 
     def drop(self, session_ids: Iterable[str]) -> int:
         """Forget sessions on request (not an eviction: their next call is a plain new session). Returns the count."""
@@ -147,6 +161,7 @@ class SessionStore:
             return {
                 "live": len(self._sessions),
                 "max_sessions": self.max_sessions,
+                "max_bytes": self.max_bytes,
                 "bytes": sum(s.nbytes() for s in self._sessions.values()),
                 "evictions": self.evictions,
                 "restarts": {r: self.restarts.get(r, 0) for r in RESTART_REASONS},

@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from dreamzero.config import DiTConfig
-from dreamzero.errors import InvalidObservation
 
 _IMAGE_TOKENS = 257  # CLIP ViT-H/14 at 224 px: 1 class token + 16x16 patches
 
@@ -367,12 +366,6 @@ class CausalWanDiT(nn.Module):
         """Video tokens the KV cache may hold."""
         return self.cfg.max_attention_frames * self.cfg.frame_seqlen
 
-    def empty_kv_cache(self, batch: int, device=None, dtype=None) -> list[torch.Tensor]:
-        """Per-layer empty caches [2, B, 0, N, d]."""
-        p = self.patch_embedding.weight
-        shape = (2, batch, 0, self.cfg.num_heads, self.cfg.head_dim)
-        return [torch.zeros(shape, device=device or p.device, dtype=dtype or p.dtype) for _ in self.blocks]
-
     def embed_context(self, context: torch.Tensor, clip_feature: torch.Tensor | None = None) -> torch.Tensor:
         """T5 [B, Lt, text_dim] (+ CLIP [B, 257, image_dim] for i2v) -> cross-attention context [B, (257+)Lt, D].
 
@@ -382,7 +375,7 @@ class CausalWanDiT(nn.Module):
         ctx = self.text_embedding(context.to(dtype))
         if self.cfg.has_image_input:
             if clip_feature is None:
-                raise InvalidObservation("the i2v DiT needs clip_feature [B, 257, image_dim]", field="clip_feature")
+                raise ValueError("the i2v DiT needs clip_feature [B, 257, image_dim]")
             ctx = torch.cat([self.img_emb(clip_feature.to(dtype)), ctx], dim=1)
         return ctx
 
@@ -444,7 +437,7 @@ class CausalWanDiT(nn.Module):
         # 1. video tokens: [B, C(+Cy), F, H, W] -> conv patches [B, D, F, h, w] -> [B, F*h*w, D]
         if cfg.has_image_input and cfg.concat_first_frame_latent:
             if y is None:
-                raise InvalidObservation("the i2v DiT needs y (first-frame conditioning)", field="y")
+                raise ValueError("the i2v DiT needs y [B, 4 + z, F, H, W] (first-frame conditioning)")
             x = torch.cat([x, y.to(x.dtype)], dim=1)
         if x.shape[1] != cfg.in_dim:
             raise ValueError(f"DiT input has {x.shape[1]} channels, dit.in_dim is {cfg.in_dim}")

@@ -126,7 +126,8 @@ class FlowUniPCScheduler:
         diffs, rhos = [], []
         if self._last_order == 2:
             r = (self._lambdas[j - 1] - self._lambdas[j]) / h
-            # solve [[1, 1], [r, 1]] rho = [b1, b2] for the two coefficients (D_prev, D_new)
+            # order-2 UniC: rho solves [[1, 1], [r, 1]] rho = [phi_2, 2 phi_3] / B(h) for (D_prev, D_new), with
+            # phi_2 = h_phi_1/hh - 1, phi_3 = phi_2/hh - 1/2 (hh = -h): UniPC's R rho = b system at rks = (r, 1)
             hh = -h
             h_phi_1 = math.expm1(hh)
             b_h = h_phi_1

@@ -81,7 +81,9 @@ def test_session_flow_handshake_infer_reset_errors(front_door):
             assert hello["action_space"] == "joint_position" and hello["action_horizon"] == 24
 
             # 1. first infer: one frame per camera; DreamZero-style (endpoint sent) -> bare (24, 8) array
-            await ws.send(pack({"endpoint": "infer", "session_id": "ep1", "prompt": "pick up the cup", **droid_frame()}))
+            await ws.send(
+                pack({"endpoint": "infer", "session_id": "ep1", "prompt": "pick up the cup", **droid_frame()})
+            )
             actions = await recv(ws)
             assert isinstance(actions, np.ndarray) and actions.dtype == np.float32 and actions.shape == (24, 8)
 

@@ -45,6 +45,18 @@ def _wait_for_port(host: str, port: int, deadline: float) -> None:
     raise TimeoutError(f"franky-sim did not listen on {host}:{port}")
 
 
+def _own_group_and_die_with_parent() -> None:
+    """Child setup: a new process group (killed as a whole below) that Linux also kills if this test process dies
+    without cleaning up (SIGKILL from a timeout, a crash)."""
+    os.setsid()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux / glibc: the finally below still cleans up on a normal exit
+
+
 @pytest.fixture(scope="module")
 def franky_sim():
     # unbuffered: franky-sim prints its address through Python's stdout, block-buffered when it is a pipe
@@ -55,7 +67,7 @@ def franky_sim():
         stderr=subprocess.STDOUT,
         text=True,
         env=env,
-        start_new_session=True,  # its own process group, so the finally below takes every child with it
+        preexec_fn=_own_group_and_die_with_parent,
     )
     lines: list[str] = []
     found: list[str] = []

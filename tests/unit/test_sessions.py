@@ -22,7 +22,7 @@ class FakeClock:
 def _state(sid: str, kv_tokens: int = 0) -> SessionState:
     s = SessionState(session_id=sid, prompt="pick", negative_prompt="bad")
     if kv_tokens:
-        s.kv_cache = {b: [torch.zeros(2, 1, kv_tokens, 2, 4) for _ in range(3)] for b in ("cond", "uncond")}
+        s.kv_cache = [torch.zeros(2, 2, kv_tokens, 2, 4) for _ in range(3)]  # 3 layers, cond + uncond rows
     return s
 
 
@@ -102,11 +102,27 @@ def test_bytes_and_restart_stats():
         store.record_restart("bored")
 
 
+def test_byte_budget_evicts_idle_sessions_only():
+    one = _state("x", kv_tokens=5).nbytes()
+    store = SessionStore(max_sessions=10, max_bytes=int(2.5 * one))
+    for sid in "abc":
+        store.put(_state(sid, kv_tokens=5))
+    assert "a" not in store and "b" in store and "c" in store
+    assert store.lookup("a")[1] == "evicted" and store.stats()["bytes"] <= 2.5 * one
+    # a batch bigger than the budget keeps its own sessions (the call needs them) and evicts everyone else
+    store.put(_state("d", kv_tokens=5), protect=["d", "e", "f"])
+    store.put(_state("e", kv_tokens=5), protect=["d", "e", "f"])
+    store.put(_state("f", kv_tokens=5), protect=["d", "e", "f"])
+    assert {sid for sid in "bcdef" if sid in store} == {"d", "e", "f"}
+
+
 def test_bad_limits_fail():
     with pytest.raises(ConfigError, match="max_sessions"):
         SessionStore(max_sessions=0)
     with pytest.raises(ConfigError, match="ttl"):
         SessionStore(ttl_s=0)
+    with pytest.raises(ConfigError, match="max_bytes"):
+        SessionStore(max_bytes=0)
 
 
 def test_concurrent_puts_keep_the_bound():
