@@ -44,7 +44,7 @@ def policy_options(cfg: AppArgs) -> dict[str, Any]:
         "max_queued_requests": p.max_queued_requests,
         "ray_actor_options": {"num_cpus": p.num_cpus, "num_gpus": p.num_gpus},
         "request_router_config": sticky_router_config(p.num_virtual_nodes),
-        # loading a 14B checkpoint takes minutes; do not let Serve declare the replica dead while it loads
+        # a replica busy with long 14B chunks must not be declared dead (the model runs off the event loop anyway)
         "health_check_timeout_s": 120.0,
         "graceful_shutdown_timeout_s": 30.0,
     }

@@ -140,7 +140,6 @@ class AppArgs(_Strict):
     api_key_env: str | None = Field(
         None, description="Name of an environment variable holding the API key (wins over `api_key`)."
     )
-    route_prefix: str = Field("/", description="Must match the application's route_prefix in serve_config.yaml.")
     ingress: CpuStageArgs = Field(default_factory=CpuStageArgs, description="Ingress replicas (never load the model).")
     preprocess: CpuStageArgs = Field(default_factory=CpuStageArgs, description="Preprocess (CPU) replicas.")
     postprocess: CpuStageArgs = Field(default_factory=CpuStageArgs, description="Postprocess (CPU) replicas.")
@@ -177,13 +176,6 @@ class AppArgs(_Strict):
                 close = difflib.get_close_matches(key, known, n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ValueError(f"unknown pipeline knob {key!r}; known: {known}.{hint}")
-        return v
-
-    @field_validator("route_prefix")
-    @classmethod
-    def _prefix(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError(f"route_prefix must start with '/', got {v!r}")
         return v
 
     @model_validator(mode="after")

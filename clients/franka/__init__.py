@@ -1,0 +1,30 @@
+"""Franka deployment client: contracts, backends (franky, RealSense, simulated), safety layer, 15 Hz loop, CLI.
+
+Hardware libraries (franky-control, pyrealsense2) are imported only when a device connects; importing this package
+needs numpy, msgpack and websockets/httpx only. See docs/franka.md.
+"""
+
+from clients.franka.contracts import ArmState, Camera, DeviceError, Gripper, Robot, RobotFault
+from clients.franka.loop import EpisodeResult, EpisodeRunner, LoopConfig
+from clients.franka.policy import Chunk, DroidPolicy, PolicyError, connect_policy
+from clients.franka.safety import ChunkRejected, SafetyConfig, SafetyFilter, Watchdog
+
+__all__ = [
+    "ArmState",
+    "Camera",
+    "Chunk",
+    "ChunkRejected",
+    "DeviceError",
+    "DroidPolicy",
+    "EpisodeResult",
+    "EpisodeRunner",
+    "Gripper",
+    "LoopConfig",
+    "PolicyError",
+    "Robot",
+    "RobotFault",
+    "SafetyConfig",
+    "SafetyFilter",
+    "Watchdog",
+    "connect_policy",
+]

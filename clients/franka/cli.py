@@ -150,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--open-loop-horizon", type=int, default=8, help="chunk rows executed before the next query")
     g.add_argument("--prefetch", action="store_true", help="query the next chunk while executing the current one")
     g.add_argument("--prefetch-lead-steps", type=int, default=2)
-    g.add_argument("--watchdog-timeout-s", type=float, default=0.5, help="hold the arm after this long without a command")
+    g.add_argument(
+        "--watchdog-timeout-s", type=float, default=0.5, help="hold the arm after this long without a command"
+    )
     g.add_argument("--log-dir", default="runs/franka", help="per-episode logs and videos; '' to disable")
     g.add_argument("--no-video", action="store_true")
     g.add_argument("--unattended", action="store_true", help="no operator prompts: start every episode, no labels")

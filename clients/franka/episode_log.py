@@ -61,7 +61,7 @@ class EpisodeLog:
     def __init__(self, root: Path | str, episode_index: int, fps: float, record_video: bool = True):
         self.dir = Path(root) / f"episode_{episode_index:04d}"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._steps = open(self.dir / "steps.jsonl", "w")  # noqa: SIM115 (closed in close())
+        self._steps = open(self.dir / "steps.jsonl", "w")  # closed in close()
         self.video: VideoWriter | None = None
         self.video_note = "disabled"
         if record_video:

@@ -34,7 +34,9 @@ def import_franky():
     try:
         import franky
     except ImportError as exc:
-        raise MissingDependency(f"the franky backend needs franky-control, which is not installed: {INSTALL_HINT}") from exc
+        raise MissingDependency(
+            f"the franky backend needs franky-control, which is not installed: {INSTALL_HINT}"
+        ) from exc
     return franky
 
 
@@ -67,7 +69,9 @@ class FrankyRobot(Robot):
         self.config = config
         self._franky = None
         self._robot = None
-        self._lock = threading.Lock()  # franky's Robot is not documented as thread-safe; the watchdog holds from a thread
+        self._lock = (
+            threading.Lock()
+        )  # franky's Robot is not documented as thread-safe; the watchdog holds from a thread
 
     def _connect(self) -> None:
         franky = self._franky = import_franky()
@@ -158,14 +162,26 @@ class FrankyRobot(Robot):
 
 
 class FrankyGripper(Gripper):
-    """Franka Hand: binary grasp / open, closure = 1 - width / max_width (DROID's position convention)."""
+    """Franka Hand: binary grasp / open, closure = 1 - width / max_width (DROID's position convention).
+
+    Gripper commands run one at a time in a worker thread: libfranka's gripper deadlocks when a second command is
+    issued while one is in flight (seen with franky 2.0 against franky-sim: `move_async` during a `grasp_async`
+    never returns). `send` only records the wanted state, so the 15 Hz loop never waits on the gripper; the
+    worker always executes the latest wish once the current command is done.
+    """
 
     def __init__(self, config: FrankyConfig):
         self.config = config
         self._franky = None
         self._gripper = None
         self._max_width = 0.08
-        self._pending = None
+        self._cond = threading.Condition()
+        self._wanted: bool | None = None  # closed?
+        self._done: bool | None = None  # state of the last finished command
+        self._busy = False
+        self._error: str | None = None
+        self._stop = False
+        self._worker: threading.Thread | None = None
 
     def _connect(self) -> None:
         franky = self._franky = import_franky()
@@ -178,9 +194,47 @@ class FrankyGripper(Gripper):
         except (franky.Exception, franky.GripperException) as exc:
             raise DeviceError(f"cannot connect to the gripper at {self.config.host}: {exc}") from exc
         self._max_width = max_width
+        self._stop, self._wanted, self._done, self._error = False, None, None, None
+        self._worker = threading.Thread(target=self._run, name="franky-gripper", daemon=True)
+        self._worker.start()
 
     def _disconnect(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._worker is not None:
+            self._worker.join(timeout=10.0)  # lets a running grasp/move finish
+        self._worker = None
         self._gripper = None
+
+    def _run(self) -> None:
+        cfg = self.config
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stop or (self._wanted is not None and self._wanted != self._done))
+                if self._stop:
+                    return
+                closed, self._busy = self._wanted, True
+            try:
+                if closed:
+                    # grasp "something": target width 0; any final width between 0 and fully open counts
+                    self._gripper.grasp(0.0, cfg.gripper_speed_m_s, cfg.gripper_force_n, 0.005, self._max_width)
+                else:
+                    self._gripper.move(self._max_width, cfg.gripper_speed_m_s)
+                error = None
+            except Exception as exc:  # reported to the loop by the next send / open
+                error = f"gripper {'grasp' if closed else 'open'} failed: {type(exc).__name__}: {exc}"
+            with self._cond:
+                self._busy, self._done, self._error = False, closed, error
+                if error is not None:
+                    self._wanted = self._done  # do not retry a failing command in a tight loop
+                self._cond.notify_all()
+
+    def _raise_pending_error(self) -> None:
+        with self._cond:
+            error, self._error = self._error, None
+        if error:
+            raise DeviceError(error)
 
     def observe(self) -> float:
         self._require_connected()
@@ -189,19 +243,18 @@ class FrankyGripper(Gripper):
 
     def send(self, closed: bool) -> None:
         self._require_connected()
-        cfg = self.config
-        if closed:
-            # grasp "something": target width 0, any final width between 0 and fully open counts as a grasp
-            self._pending = self._gripper.grasp_async(
-                0.0, cfg.gripper_speed_m_s, cfg.gripper_force_n, epsilon_inner=0.005, epsilon_outer=self._max_width
-            )
-        else:
-            self._pending = self._gripper.move_async(self._max_width, cfg.gripper_speed_m_s)
+        self._raise_pending_error()
+        with self._cond:
+            self._wanted = bool(closed)
+            self._cond.notify_all()
 
     def open(self, timeout_s: float) -> None:
         self._require_connected()
-        future = self._gripper.move_async(self._max_width, self.config.gripper_speed_m_s)
-        if not future.wait(timeout_s):
+        self._raise_pending_error()
+        with self._cond:
+            self._wanted, self._done = False, None  # always re-run the open, even if the last command was one
+            self._cond.notify_all()
+            finished = self._cond.wait_for(lambda: self._done is False and not self._busy, timeout=timeout_s)
+        self._raise_pending_error()
+        if not finished:
             raise DeviceError(f"the gripper did not open within {timeout_s:.1f} s")
-        if not future.get():
-            raise DeviceError("the gripper reported a failed open")

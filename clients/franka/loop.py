@@ -18,7 +18,6 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -116,24 +117,44 @@ class DroidPolicy:
 
 
 class HttpTransport:
-    """Runs the DROID OpenPI observation over `POST /v1/actions/generations` (raw form, one session per call)."""
+    """Runs the DROID OpenPI observation over `POST /v1/actions/generations` (raw form, one session per call).
+
+    The WebSocket server buffers one frame per call itself; over HTTP the client sends the history: one frame on a
+    session's first call, then the frames of the last 4 calls (the oldest repeated while there are fewer), which is
+    what the model was trained on when querying every 8 steps. A lone frame after the first call would make the
+    server restart the session (`single_frame`).
+    """
+
+    STACK = 4
 
     def __init__(self, client):
         from serve_graph.protocol import OPENPI_DROID_KEY_MAP
 
         self.client = client  # clients.http_client.ActionClient
         self._key_map = OPENPI_DROID_KEY_MAP
+        self._session: str | None = None
+        self._frames: dict[str, deque] = {}
 
     def infer(self, obs: dict) -> dict:
+        session_id = obs["session_id"]
+        if session_id != self._session:
+            self._session, self._frames = session_id, {}
         observation = {}
         for key, raw_key in self._key_map.items():
             value = np.asarray(obs[key])
-            # images [H,W,3] -> [B=1, T=1, H, W, 3]; state [D] -> [B=1, D]
-            observation[raw_key] = value[None, None] if raw_key.startswith("video.") else value[None]
-        result = self.client.generate(observation, obs["prompt"], obs["session_id"], form="raw")
+            if raw_key.startswith("video."):
+                history = self._frames.setdefault(raw_key, deque(maxlen=self.STACK))
+                first_call = not history
+                history.append(value)
+                frames = [value] if first_call else [history[0]] * (self.STACK - len(history)) + list(history)
+                observation[raw_key] = np.stack(frames)[None]  # [B=1, T, H, W, 3]
+            else:
+                observation[raw_key] = value[None]  # [B=1, D]
+        result = self.client.generate(observation, obs["prompt"], session_id, form="raw")
         return {"actions": result.actions[0], "sessions": result.sessions, "timings": result.timings}
 
     def reset(self, session_id: str | None = None) -> dict:
+        self._session, self._frames = session_id, {}
         if session_id is not None:
             self.client.reset_sessions(session_id)  # sets reset_mask on the session's next call
         return {"status": "reset scheduled"}

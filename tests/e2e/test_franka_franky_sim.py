@@ -113,10 +113,27 @@ def test_two_episodes_through_the_cli_with_a_session_reset_between(franky_sim, t
     with FakeOpenPIServer() as server:
         code = main(
             [
-                "--server", server.url, "--prompt", "put the cube in the bowl",
-                "--robot", "franky", "--robot-ip", franky_sim, "--no-realtime",
-                "--cameras", "synthetic", "--episodes", "2", "--max-steps", "24", "--unattended",
-                "--log-dir", str(tmp_path), "--no-video", "--timeout-s", "20",
+                "--server",
+                server.url,
+                "--prompt",
+                "put the cube in the bowl",
+                "--robot",
+                "franky",
+                "--robot-ip",
+                franky_sim,
+                "--no-realtime",
+                "--cameras",
+                "synthetic",
+                "--episodes",
+                "2",
+                "--max-steps",
+                "24",
+                "--unattended",
+                "--log-dir",
+                str(tmp_path),
+                "--no-video",
+                "--timeout-s",
+                "20",
             ]  # fmt: skip
         )
     assert code == 0, capsys.readouterr()
@@ -126,7 +143,9 @@ def test_two_episodes_through_the_cli_with_a_session_reset_between(franky_sim, t
     assert ids[0] != ids[1]
 
     # the server saw: reset(episode 1), 3 chunks for episode 1, reset(episode 2), 3 chunks for episode 2
-    assert server.events == [("reset", ids[0])] + [("infer", ids[0])] * 3 + [("reset", ids[1])] + [("infer", ids[1])] * 3
+    assert (
+        server.events == [("reset", ids[0])] + [("infer", ids[0])] * 3 + [("reset", ids[1])] + [("infer", ids[1])] * 3
+    )
 
     cfg = SafetyConfig()
     for index in range(2):
@@ -141,7 +160,7 @@ def test_two_episodes_through_the_cli_with_a_session_reset_between(franky_sim, t
         assert np.ptp(measured[:, 0]) > 0.01
         assert np.max(np.abs(measured - commands)) < 0.2
         # the gripper closed on the second chunk (odd calls close)
-        assert max(s["gripper_position"] for s in steps) > 0.5 or any(s["gripper_command"] for s in steps)
+        assert max(s["gripper_position"] for s in steps) > 0.5 and steps[0]["gripper_position"] < 0.1
 
 
 def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
@@ -168,13 +187,14 @@ def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
             assert result.reason.startswith("server lost"), result.reason
             assert result.server_calls == 2 and result.steps == 16
 
-            # the arm holds: it settles and then stays put
+            # the arm holds: it settles, then stays put (the simulator's velocity estimate is too noisy to use)
             time.sleep(1.0)
-            before = robot.observe()
-            time.sleep(0.5)
+            samples = []
+            for _ in range(10):
+                samples.append(robot.observe().joint_positions)
+                time.sleep(0.05)
+            assert np.max(np.ptp(np.array(samples), axis=0)) < 2e-3
             after = robot.observe()
-            assert np.max(np.abs(after.joint_positions - before.joint_positions)) < 2e-3
-            assert np.max(np.abs(after.joint_velocities)) < 0.02
 
             # our forward kinematics agree with the controller's end-effector pose
             pose = robot._robot.current_pose.end_effector_pose.translation
@@ -182,3 +202,122 @@ def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
         client.close()
     summary = json.loads((tmp_path / "episode_0000" / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["reason"].startswith("server lost")
+
+
+# --- against the live DreamZero server (`serve run serve_config.yaml`, embedded tiny model on CPU) -----------------
+READY_TIMEOUT_S = 300.0
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory):
+    """`serve run` on a free loopback port, in its own process group; SIGINT then SIGKILL of the group at the end."""
+    import httpx
+    import yaml
+
+    tmp = tmp_path_factory.mktemp("franka-serve")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
+    cfg.setdefault("http_options", {}).update({"host": "127.0.0.1", "port": port})
+    (tmp / "serve_config.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": str(tmp_path_factory.mktemp("ray", numbered=True))}
+    log = open(tmp / "serve.log", "wb")  # closed in the finally
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("serve")), "run", str(tmp / "serve_config.yaml")],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        preexec_fn=_own_group_and_die_with_parent,
+    )
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = (tmp / "serve.log").read_bytes()[-3000:].decode("utf-8", "replace")
+                pytest.fail(f"serve run not ready (exit {proc.poll()}):\n{tail}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=3.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(2.0)
+        yield f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_two_episodes_against_the_live_server(franky_sim, live_server, tmp_path):
+    from clients.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
+    from clients.franka.loop import EpisodeRunner, LoopConfig
+    from clients.franka.policy import DroidPolicy
+    from clients.franka.sim_backends import SyntheticCamera
+    from clients.openpi_client import OpenPIClient
+
+    config = FrankyConfig(franky_sim, realtime=False)
+    cameras = {role: SyntheticCamera(role) for role in ("exterior_0", "exterior_1", "wrist")}
+    client = OpenPIClient(live_server, timeout_s=120.0, max_reconnects=1)
+    try:
+        assert client.get_server_metadata()["image_resolution"] == [180, 320]
+        with FrankyRobot(config) as robot, FrankyGripper(config) as gripper:
+            for cam in cameras.values():
+                cam.connect()
+            runner = EpisodeRunner(
+                robot, gripper, cameras, DroidPolicy(client, "put the cube in the bowl"),
+                config=LoopConfig(max_steps=16, log_dir=str(tmp_path), record_video=False, chunk_wait_s=120.0),
+            )  # fmt: skip
+            results = runner.run(episodes=2)
+    finally:
+        client.close()
+    assert [r.status for r in results] == ["completed", "completed"], [r.reason for r in results]
+    # what the server reported for each chunk: the second episode's session restarted fresh at step 1
+    reports = []
+    for index, result in enumerate(results):
+        steps = _steps(tmp_path / f"episode_{index:04d}")
+        queried = [s["server"]["session"] for s in steps if s["queried"]]
+        assert len(queried) == 2
+        assert all(r["session_id"].endswith(":" + result.session_id) for r in queried)
+        reports.append(queried)
+        # the tiny model's actions are meaningless, but every command stayed inside the limits
+        commands = np.array([s["command"] for s in steps])
+        assert np.all(np.isfinite(commands)) and len(commands) == 16
+    for queried in reports:
+        assert [r["step"] for r in queried] == [1, 2]
+        assert queried[0]["restarted"] and queried[0]["restart_reason"] in ("new_session", "reset_requested")
+        assert not queried[1]["restarted"]
+    assert results[0].session_id != results[1].session_id
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+@pytest.mark.timeout(900)
+def test_http_transport_against_the_live_server(live_server, tmp_path):
+    """The same loop over `POST /v1/actions/generations` (raw form), on the simulated arm."""
+    from clients.franka.cli import main
+
+    http_url = live_server.split("/v1/")[0].replace("ws://", "http://")
+    code = main(
+        ["--server", http_url, "--prompt", "put the cube in the bowl", "--robot", "sim", "--cameras", "synthetic",
+         "--unattended", "--no-video", "--max-steps", "16", "--log-dir", str(tmp_path), "--timeout-s", "120"]
+    )  # fmt: skip
+    assert code == 0
+    steps = _steps(tmp_path / "episode_0000")
+    sessions = [s["server"]["sessions"][0] for s in steps if s["queried"]]
+    assert [r["step"] for r in sessions] == [1, 2]
+    assert np.all(np.isfinite([s["command"] for s in steps]))

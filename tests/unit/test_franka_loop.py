@@ -33,7 +33,12 @@ def make_runner(transport, operator=None, safety=None, robot=None, cameras=None,
         device.connect()
     policy = DroidPolicy(transport, prompt="put the cube in the bowl")
     runner = EpisodeRunner(
-        robot, gripper, cameras, policy, safety or SafetyFilter(SafetyConfig(control_hz=15.0)), LoopConfig(**loop),
+        robot,
+        gripper,
+        cameras,
+        policy,
+        safety or SafetyFilter(SafetyConfig(control_hz=15.0)),
+        LoopConfig(**loop),
         operator or ScriptedOperator(),
     )
     return runner, robot, gripper
@@ -230,7 +235,11 @@ def test_ctrl_c_holds_the_arm_and_ends_the_session():
                 raise KeyboardInterrupt
             return super().observe()
 
-    cameras = {"exterior_0": InterruptingCamera("e0"), "exterior_1": SyntheticCamera("e1"), "wrist": SyntheticCamera("w")}
+    cameras = {
+        "exterior_0": InterruptingCamera("e0"),
+        "exterior_1": SyntheticCamera("e1"),
+        "wrist": SyntheticCamera("w"),
+    }
     runner, robot, _ = make_runner(ScriptedTransport(), cameras=cameras)
     results = runner.run(episodes=2)
     assert len(results) == 1

@@ -150,9 +150,7 @@ def test_joint_outside_limits_may_only_move_back():
 def test_workspace_box_shortens_steps_that_leave_it():
     # box whose floor sits 1 cm under the home TCP: moving down must stop at the floor
     home_tcp = tcp_position(DROID_HOME)
-    cfg = SafetyConfig(
-        workspace_min=(0.2, -0.3, home_tcp[2] - 0.01), workspace_max=(0.7, 0.3, 0.8), max_step_rad=0.2
-    )
+    cfg = SafetyConfig(workspace_min=(0.2, -0.3, home_tcp[2] - 0.01), workspace_max=(0.7, 0.3, 0.8), max_step_rad=0.2)
     filt = SafetyFilter(cfg)
     q = DROID_HOME.copy()
     down = DROID_HOME + np.array([0, 0.3, 0, 0, 0, 0, 0])  # shoulder forward: lowers the TCP by ~11 cm

@@ -1,0 +1,113 @@
+"""Shared plumbing of the serving benchmarks: a private single-node Ray + Serve, request builders, docs sections."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from serve_graph import codec, protocol
+
+GEN = "/v1/actions/generations"
+MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}
+#: the tiny embedded model with the upstream 8-of-16-step mask (the shipped serve_config.yaml defaults)
+BASE_ARGS: dict = {"sessions": {"max_sessions": 64}}
+
+
+def start_serve(num_cpus: int = 2) -> str:
+    """Start a private Ray (own temp dir, no dashboard) and Serve's proxy on a free port; returns the base URL."""
+    import ray
+    from ray import serve
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rayB", dir="/tmp"))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    return f"http://127.0.0.1:{port}"
+
+
+def deploy(base_url: str, args: dict, timeout_s: float = 300) -> None:
+    from ray import serve
+
+    from serve_graph.builder import build_app
+
+    serve.run(build_app(args), name="bench", route_prefix="/", blocking=False)
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=10, trust_env=False) as client:
+        while time.monotonic() < deadline:
+            try:
+                if client.get(base_url + "/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+    raise TimeoutError(f"/health not 200 within {timeout_s} s")
+
+
+def stop_serve() -> None:
+    import ray
+    from ray import serve
+
+    serve.shutdown()
+    ray.shutdown()
+
+
+def normalised_observation(t: int, hw: tuple[int, int] = (64, 128), seed: int = 0) -> dict:
+    """One RLinf-style normalised row (canvas already at the tiny model's input size)."""
+    rng = np.random.default_rng(seed)
+    mask = np.zeros((1, 1, 64), bool)
+    mask[..., :8] = True
+    return {
+        "images": rng.integers(0, 256, (1, t, *hw, 3), dtype=np.uint8),
+        "state": (rng.uniform(-1, 1, (1, 1, 64)) * mask).astype(np.float32),
+        "state_mask": mask,
+    }
+
+
+def droid_observation(t: int, seed: int = 0) -> dict:
+    """One raw DROID row: three 180x320 cameras, 7 joints + gripper."""
+    rng = np.random.default_rng(seed)
+    views = ("video.exterior_image_1_left", "video.exterior_image_2_left", "video.wrist_image_left")
+    obs = {k: rng.integers(0, 256, (1, t, 180, 320, 3), dtype=np.uint8) for k in views}
+    obs["state.joint_position"] = rng.uniform(-1, 1, (1, 7)).astype(np.float32)
+    obs["state.gripper_position"] = rng.uniform(0, 1, (1, 1)).astype(np.float32)
+    return obs
+
+
+def request_body(
+    observation: dict, session_id: str, expected_step: int | None, prompt: str = "pick up the cup"
+) -> bytes:
+    body = protocol.build_request_body(
+        observation, [prompt], [session_id], expected_steps=None if expected_step is None else [expected_step]
+    )
+    return codec.encode_msgpack(body)
+
+
+def percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q))
+
+
+def write_section(path: Path, title: str, body: str) -> None:
+    """Replace (or append) the `## <title>` section of a markdown file, leaving the other sections alone."""
+    heading = f"## {title}"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    section = f"{heading}\n\n{body.rstrip()}\n"
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
+    path.write_text(text)
+
+
+def machine_line() -> str:
+    import torch
+
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return f"{os.cpu_count()} CPU cores (shared), torch threads {torch.get_num_threads()}, run {when}"

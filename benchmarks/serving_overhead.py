@@ -1,0 +1,158 @@
+"""Serving overhead: the same tiny-model request through HTTP + the Ray Serve graph vs the embedded in-process policy.
+
+Both sides run in one process run, interleaved call by call (embedded, served, embedded, ...), each on its own
+session with the identical sequence of inputs (first call 1 frame, then 4-frame stacks), so the model work is the
+same and the difference is what serving adds. The hop-by-hop split comes from the per-stage timings every response
+carries plus the client's wall clock.
+
+    python benchmarks/serving_overhead.py                      # print
+    python benchmarks/serving_overhead.py --write-docs         # also write docs/benchmarks.md "Serving overhead"
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling helper module
+from serving_common import (  # noqa: E402
+    BASE_ARGS,
+    GEN,
+    MSGPACK,
+    deploy,
+    droid_observation,
+    machine_line,
+    normalised_observation,
+    percentile,
+    request_body,
+    start_serve,
+    stop_serve,
+    write_section,
+)
+
+from serve_graph import codec  # noqa: E402
+
+
+def _embedded(form: str):
+    """A callable (observation, session, expected_step) -> (step, wall ms) running the model in this process."""
+    if form == "normalised":
+        from dreamzero.pipeline import DreamZeroPipeline
+        from dreamzero.types import ModelBatch
+
+        pipeline = DreamZeroPipeline.load(None, device="cpu", max_sessions=64)
+
+        def call(obs, sid, expected):
+            batch = ModelBatch(
+                images=obs["images"], state=obs["state"], state_mask=obs["state_mask"], prompts=["pick up the cup"],
+                session_ids=[sid], expected_steps=None if expected is None else [expected],
+            )  # fmt: skip
+            t0 = time.perf_counter()
+            result = pipeline.generate(batch)
+            return result.sessions[0].step, (time.perf_counter() - t0) * 1e3
+
+        return call
+    from dreamzero.policy import EmbeddedPolicy
+
+    policy = EmbeddedPolicy.load(None, embodiment="oxe_droid", device="cpu", max_sessions=64)
+
+    def call(obs, sid, expected):
+        t0 = time.perf_counter()
+        result = policy.infer(obs, [sid], "pick up the cup", expected_steps=expected)
+        return result.sessions[0].step, (time.perf_counter() - t0) * 1e3
+
+    return call
+
+
+def run(form: str, base_url: str, n: int, warmup: int) -> dict:
+    make_obs = normalised_observation if form == "normalised" else droid_observation
+    embedded = _embedded(form)
+    walls: dict[str, list[float]] = {"embedded": [], "served": []}
+    hops: dict[str, list[float]] = {}
+    step = {"embedded": None, "served": None}
+    with httpx.Client(timeout=300, trust_env=False) as client:
+        for i in range(warmup + n):
+            obs = make_obs(1 if i == 0 else 4, seed=i)
+            s, ms = embedded(obs, f"emb-{form}", step["embedded"])
+            step["embedded"] = s
+            body = request_body(obs, f"srv-{form}", step["served"])
+            t0 = time.perf_counter()
+            resp = client.post(base_url + GEN, content=body, headers=MSGPACK)
+            wall = (time.perf_counter() - t0) * 1e3
+            resp.raise_for_status()
+            out = codec.decode_msgpack(resp.content)[0]
+            step["served"] = out["sessions"][0]["step"]
+            if i < warmup:
+                continue
+            walls["embedded"].append(ms)
+            walls["served"].append(wall)
+            t = out["timings"]
+            split = {
+                "client <-> proxy <-> ingress (HTTP, encode)": wall - t["ingress_total"],
+                "ingress decode + validate": t["decode"],
+                "preprocess hop (incl. transforms)": t.get("preprocess", 0.0),
+                "ingress <-> policy hop (queue, batching wait, transfer)": t["policy"] - t["model.model_call"],
+                "model call on the replica": t["model.model_call"],
+                "postprocess hop (incl. transforms)": t.get("postprocess", 0.0),
+            }
+            for k, v in split.items():
+                hops.setdefault(k, []).append(v)
+    return {"form": form, "n": n, "walls": walls, "hops": hops}
+
+
+def report(results: list[dict]) -> str:
+    lines = [
+        f"Tiny embedded model (random weights, shipped pipeline defaults), one session per side, {machine_line()}.",
+        "",
+        "| form | path | p50 ms | p99 ms |",
+        "|---|---|---|---|",
+    ]
+    for r in results:
+        for path, vals in r["walls"].items():
+            lines.append(f"| {r['form']} | {path} | {percentile(vals, 50):.1f} | {percentile(vals, 99):.1f} |")
+        emb, srv = r["walls"]["embedded"], r["walls"]["served"]
+        lines.append(
+            f"| {r['form']} | **added by serving** | **{percentile(srv, 50) - percentile(emb, 50):.1f}** | "
+            f"**{percentile(srv, 99) - percentile(emb, 99):.1f}** |"
+        )
+    lines += ["", "Hop-by-hop split of the served path (median ms per request):", ""]
+    lines += ["| form | hop | p50 ms |", "|---|---|---|"]
+    for r in results:
+        for hop, vals in r["hops"].items():
+            if any(vals):
+                lines.append(f"| {r['form']} | {hop} | {percentile(vals, 50):.1f} |")
+    lines += [
+        "",
+        f"{results[0]['n']} measured calls per side after warm-up, interleaved. Reproduce: "
+        "`python benchmarks/serving_overhead.py --write-docs`.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=30, help="measured calls per side and form")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--forms", default="normalised,raw", help="comma list of normalised, raw")
+    ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the section into this file")
+    args = ap.parse_args(argv)
+    base_url = start_serve()
+    try:
+        deploy(base_url, BASE_ARGS)
+        results = [run(form, base_url, args.requests, args.warmup) for form in args.forms.split(",")]
+    finally:
+        stop_serve()
+    text = report(results)
+    print(text)
+    if args.write_docs:
+        write_section(
+            Path(args.write_docs), "Serving overhead", "Written by `benchmarks/serving_overhead.py`.\n\n" + text
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

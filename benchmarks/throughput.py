@@ -1,0 +1,109 @@
+"""Throughput vs concurrency: 1, 4, 8, 16 single-session clients, dynamic batching on and off, in one run.
+
+Each client owns one session and sends chunk requests back to back (first call 1 frame, then 4-frame stacks, the
+expected step echoed), in RLinf's normalised form at the tiny model's input size. Throughput = chunks / wall second.
+Batching on and off are two deployments of the same graph measured one after the other in the same process run.
+
+    python benchmarks/throughput.py                  # print
+    python benchmarks/throughput.py --write-docs     # also write docs/benchmarks.md "Throughput"
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling helper module
+from serving_common import (  # noqa: E402
+    BASE_ARGS,
+    GEN,
+    MSGPACK,
+    deploy,
+    machine_line,
+    normalised_observation,
+    percentile,
+    request_body,
+    start_serve,
+    stop_serve,
+    write_section,
+)
+
+from serve_graph import codec  # noqa: E402
+
+CONCURRENCY = (1, 4, 8, 16)
+
+
+def client_loop(base_url: str, sid: str, chunks: int, latencies: list[float]) -> int:
+    step = None
+    with httpx.Client(timeout=600, trust_env=False) as client:
+        for i in range(chunks):
+            body = request_body(normalised_observation(1 if i == 0 else 4, seed=i), sid, step)
+            t0 = time.perf_counter()
+            resp = client.post(base_url + GEN, content=body, headers=MSGPACK)
+            latencies.append((time.perf_counter() - t0) * 1e3)
+            resp.raise_for_status()
+            step = codec.decode_msgpack(resp.content)[0]["sessions"][0]["step"]
+    return chunks
+
+
+def measure(base_url: str, clients: int, chunks: int, tag: str) -> dict:
+    latencies: list[float] = []
+    # warm the sessions' text caches etc. is part of the work; run once untimed with a different session set
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        done = sum(pool.map(lambda i: client_loop(base_url, f"{tag}-{clients}-{i}", chunks, latencies), range(clients)))
+    wall = time.perf_counter() - t0
+    return {"clients": clients, "chunks": done, "wall_s": wall, "rps": done / wall, "p50": percentile(latencies, 50)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chunks", type=int, default=8, help="chunks per client per measurement")
+    ap.add_argument("--clients", default=",".join(map(str, CONCURRENCY)))
+    ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the section into this file")
+    args = ap.parse_args(argv)
+    levels = [int(c) for c in args.clients.split(",")]
+    results: dict[str, list[dict]] = {}
+    base_url = start_serve()
+    try:
+        for mode, enabled in (("on", True), ("off", False)):
+            cfg = {**BASE_ARGS, "batching": {"enabled": enabled, "max_batch_size": 16, "batch_wait_timeout_s": 0.01}}
+            deploy(base_url, cfg)
+            client_loop(base_url, f"warmup-{mode}", 2, [])
+            results[mode] = [measure(base_url, c, args.chunks, mode) for c in levels]
+    finally:
+        stop_serve()
+    text = report(results, args.chunks)
+    print(text)
+    if args.write_docs:
+        write_section(Path(args.write_docs), "Throughput", "Written by `benchmarks/throughput.py`.\n\n" + text)
+    return 0
+
+
+def report(results: dict[str, list[dict]], chunks: int) -> str:
+    lines = [
+        f"Tiny embedded model, one policy replica on CPU, normalised form 64x128, {chunks} chunks per client; "
+        f"{machine_line()}.",
+        "",
+        "| clients | batching on: chunks/s | p50 ms | batching off: chunks/s | p50 ms | on / off |",
+        "|---|---|---|---|---|---|",
+    ]
+    for on, off in zip(results["on"], results["off"]):
+        lines.append(
+            f"| {on['clients']} | {on['rps']:.2f} | {on['p50']:.0f} | {off['rps']:.2f} | {off['p50']:.0f} | "
+            f"{on['rps'] / off['rps']:.2f}x |"
+        )
+    base_on = results["on"][0]["rps"]
+    scale = ", ".join(f"{r['clients']} clients {r['rps'] / base_on:.2f}x" for r in results["on"])
+    lines += ["", f"Batching on, throughput relative to 1 client: {scale}.", ""]
+    lines.append("Reproduce: `python benchmarks/throughput.py --write-docs`.")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
