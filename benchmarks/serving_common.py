@@ -35,22 +35,24 @@ def start_serve(num_cpus: int = 2) -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def deploy(base_url: str, args: dict, timeout_s: float = 300) -> None:
+def deploy(base_url: str, args: dict, name: str = "bench", route_prefix: str = "/", timeout_s: float = 300) -> str:
+    """Deploy the graph as application `name` under `route_prefix`; returns its URL once /health answers 200."""
     from ray import serve
 
     from serve_graph.builder import build_app
 
-    serve.run(build_app(args), name="bench", route_prefix="/", blocking=False)
+    serve.run(build_app(args), name=name, route_prefix=route_prefix, blocking=False)
+    url = base_url + route_prefix.rstrip("/")
     deadline = time.monotonic() + timeout_s
     with httpx.Client(timeout=10, trust_env=False) as client:
         while time.monotonic() < deadline:
             try:
-                if client.get(base_url + "/health").status_code == 200:
-                    return
+                if client.get(url + "/health").status_code == 200:
+                    return url
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-    raise TimeoutError(f"/health not 200 within {timeout_s} s")
+    raise TimeoutError(f"{url}/health not 200 within {timeout_s} s")
 
 
 def stop_serve() -> None:

@@ -2,7 +2,8 @@
 
 Each client owns one session and sends chunk requests back to back (first call 1 frame, then 4-frame stacks, the
 expected step echoed), in RLinf's normalised form at the tiny model's input size. Throughput = chunks / wall second.
-Batching on and off are two deployments of the same graph measured one after the other in the same process run.
+Batching on and off are two applications of the same graph deployed side by side (`/on`, `/off`); each concurrency
+level is measured on both, alternately and `--repeats` times, so load from other processes hits both alike.
 
     python benchmarks/throughput.py                  # print
     python benchmarks/throughput.py --write-docs     # also write docs/benchmarks.md "Throughput"
@@ -65,17 +66,25 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chunks", type=int, default=8, help="chunks per client per measurement")
     ap.add_argument("--clients", default=",".join(map(str, CONCURRENCY)))
+    ap.add_argument("--repeats", type=int, default=2, help="alternating on/off measurements per level (best kept)")
     ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the section into this file")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
-    results: dict[str, list[dict]] = {}
+    results: dict[str, list[dict]] = {"on": [], "off": []}
     base_url = start_serve()
     try:
+        urls = {}
         for mode, enabled in (("on", True), ("off", False)):
             cfg = {**BASE_ARGS, "batching": {"enabled": enabled, "max_batch_size": 16, "batch_wait_timeout_s": 0.01}}
-            deploy(base_url, cfg)
-            client_loop(base_url, f"warmup-{mode}", 2, [])
-            results[mode] = [measure(base_url, c, args.chunks, mode) for c in levels]
+            urls[mode] = deploy(base_url, cfg, name=f"bench-{mode}", route_prefix=f"/{mode}")
+            client_loop(urls[mode], f"warmup-{mode}", 2, [])
+        for c in levels:
+            runs = {"on": [], "off": []}
+            for r in range(args.repeats):
+                for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
+                    runs[mode].append(measure(urls[mode], c, args.chunks, f"{mode}{r}"))
+            for mode in runs:  # the best run: the least disturbed by other load on a shared machine
+                results[mode].append(max(runs[mode], key=lambda m: m["rps"]))
     finally:
         stop_serve()
     text = report(results, args.chunks)
@@ -87,8 +96,8 @@ def main(argv=None) -> int:
 
 def report(results: dict[str, list[dict]], chunks: int) -> str:
     lines = [
-        f"Tiny embedded model, one policy replica on CPU, normalised form 64x128, {chunks} chunks per client; "
-        f"{machine_line()}.",
+        f"Tiny embedded model, one policy replica on CPU, normalised form 64x128, {chunks} chunks per client, best of "
+        f"alternating runs; {machine_line()}.",
         "",
         "| clients | batching on: chunks/s | p50 ms | batching off: chunks/s | p50 ms | on / off |",
         "|---|---|---|---|---|---|",

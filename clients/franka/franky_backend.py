@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from clients.franka.contracts import NUM_JOINTS, ArmState, DeviceError, Gripper, Robot, RobotFault
+from clients.franka.safety import FR3_JOINT_LOWER, FR3_JOINT_UPPER
 from dreamzero.errors import ConfigError, MissingDependency
 
 INSTALL_HINT = "pip install 'dreamzero-serve[franka]'  (or: pip install 'franky-control>=2.0')"
@@ -115,6 +116,10 @@ class FrankyRobot(Robot):
         q = np.asarray(q, dtype=np.float64)
         if q.shape != (NUM_JOINTS,) or not np.all(np.isfinite(q)):
             raise RobotFault(f"joint target must be 7 finite numbers, got {q!r}")
+        # last line of defence behind SafetyFilter: never forward a target outside the hardware limits
+        outside = (q < FR3_JOINT_LOWER) | (q > FR3_JOINT_UPPER)
+        if outside.any():
+            raise RobotFault(f"joint target outside the FR3 limits on joints {np.flatnonzero(outside).tolist()}: {q}")
         franky = self._franky
         return franky.JointMotion(
             franky.JointState(q.tolist()), relative_dynamics_factor=dynamics, return_when_finished=return_when_finished

@@ -26,7 +26,7 @@ from clients.franka.episode_log import EpisodeLog
 from clients.franka.operator import Command, Operator
 from clients.franka.policy import Chunk, DroidPolicy, PolicyError
 from clients.franka.safety import DROID_HOME, ChunkRejected, SafetyFilter, Watchdog, binarize_gripper
-from dreamzero.errors import ConfigError
+from dreamzero.errors import ConfigError, DreamZeroError
 
 logger = logging.getLogger(__name__)
 
@@ -178,9 +178,17 @@ class EpisodeRunner:
         except DeviceError as exc:
             result.status, result.reason = "failed", f"device error: {type(exc).__name__}: {exc}"
             self._try_recover()
+        except DreamZeroError as exc:  # e.g. a camera frame of the wrong shape (InvalidObservation)
+            result.status, result.reason = "failed", f"{type(exc).__name__}: {exc}"
         except KeyboardInterrupt:
             result.status, result.reason = "aborted", "interrupted (Ctrl+C)"
             self.quit_requested = True
+        except Exception as exc:  # a bug or an unexpected library error: hold, record, then re-raise
+            self._safe_hold(gate)
+            result.status, result.reason = "failed", f"unexpected error: {type(exc).__name__}: {exc}"
+            if log is not None:
+                log.close({**result.summary(), "prompt": self.policy.prompt, "config": asdict(cfg)})
+            raise
         finally:
             self._safe_hold(gate)
             self._drain_prefetch()

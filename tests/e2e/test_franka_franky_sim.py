@@ -196,6 +196,13 @@ def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
             assert np.max(np.ptp(np.array(samples), axis=0)) < 2e-3
             after = robot.observe()
 
+            # the backend itself refuses targets outside the hardware limits or non-finite ones
+            from clients.franka.contracts import RobotFault
+
+            for bad in (after.joint_positions + np.array([3.0, 0, 0, 0, 0, 0, 0]), np.full(7, np.nan)):
+                with pytest.raises(RobotFault):
+                    robot.send(bad)
+
             # our forward kinematics agree with the controller's end-effector pose
             pose = robot._robot.current_pose.end_effector_pose.translation
             np.testing.assert_allclose(tcp_position(after.joint_positions), np.asarray(pose), atol=2e-3)

@@ -172,21 +172,24 @@ def test_chunk_rows_follow_the_open_loop_horizon(tmp_path):
 
 
 def test_prefetch_hides_latency_and_skips_elapsed_rows(tmp_path):
-    transport = ScriptedTransport(delay_s=0.03)
+    transport = ScriptedTransport(delay_s=0.02)
     runner, robot, _ = make_runner(
-        transport, max_steps=26, prefetch=True, prefetch_lead_steps=3, log_dir=str(tmp_path), watchdog_timeout_s=0.2
+        transport, max_steps=26, prefetch=True, prefetch_lead_steps=5, log_dir=str(tmp_path), watchdog_timeout_s=0.3
     )
     result = runner.run_episode(0)
     assert result.status == "completed"
     steps = [json.loads(line) for line in (tmp_path / "episode_0000" / "steps.jsonl").read_text().splitlines()]
     rows = [s["chunk_row"] for s in steps]
-    # first chunk from row 0; every later chunk starts 3 rows in (rows that belong to ticks already executed)
-    assert rows[:11] == [*range(8), 3, 4, 5]
+    # first chunk from row 0; every later chunk starts 5 rows in (rows that belong to ticks already executed)
+    assert rows[:11] == [*range(8), 5, 6, 7]
     assert result.server_calls == 4
-    # the prefetch query went out from the observation 3 ticks before the switch
     assert [i for i, s in enumerate(steps) if s["queried"]] == [0, 8, 16, 24]
+    # each prefetch went out from the observation 5 ticks before its switch (3, 11, 19): the joint state sent then
+    sent = [obs["observation/joint_position"] for obs in transport.calls]
+    for call, tick in zip(sent[1:], (3, 11, 19)):
+        np.testing.assert_allclose(call, steps[tick]["joint_position"], atol=1e-5)
     kinds = [c.kind for c in robot.commands]
-    assert kinds.count("hold") == 1 and kinds[-1] == "hold"  # 30 ms latency never stalled the arm; held at the end
+    assert kinds.count("hold") == 1 and kinds[-1] == "hold"  # 20 ms latency (budget 100 ms) never stalled the arm
 
 
 def test_device_fault_fails_the_episode_and_recovers():
@@ -282,3 +285,30 @@ def test_video_is_written(tmp_path):
 def test_loop_config_errors_name_the_field(kwargs, field):
     with pytest.raises(ConfigError, match=field):
         LoopConfig(**kwargs)
+
+
+def test_bad_camera_frame_fails_the_episode_naming_the_camera(tmp_path):
+    class GreyCamera(SyntheticCamera):
+        def observe(self):
+            return super().observe()[..., 0]  # (H, W): not RGB
+
+    cameras = {"exterior_0": SyntheticCamera("e0"), "exterior_1": SyntheticCamera("e1"), "wrist": GreyCamera("w")}
+    runner, robot, _ = make_runner(ScriptedTransport(), cameras=cameras, log_dir=str(tmp_path))
+    result = runner.run_episode(0)
+    assert result.status == "failed" and "InvalidObservation" in result.reason and "'wrist'" in result.reason
+    assert robot.holding
+
+
+def test_unexpected_errors_hold_the_arm_are_logged_and_propagate(tmp_path):
+    class BrokenGripper(SimGripper):
+        def observe(self):
+            raise ZeroDivisionError("bug")
+
+    runner, robot, _ = make_runner(ScriptedTransport(), log_dir=str(tmp_path))
+    runner.gripper = BrokenGripper()
+    runner.gripper.connect()
+    with pytest.raises(ZeroDivisionError):
+        runner.run_episode(0)
+    assert robot.holding
+    summary = json.loads((tmp_path / "episode_0000" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["reason"] == "unexpected error: ZeroDivisionError: bug"
