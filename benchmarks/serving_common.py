@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import tempfile
 import time
@@ -18,6 +19,7 @@ GEN = "/v1/actions/generations"
 MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}
 #: the tiny embedded model with the upstream 8-of-16-step mask (the shipped serve_config.yaml defaults)
 BASE_ARGS: dict = {"sessions": {"max_sessions": 64}}
+_OWN_TMP: dict[str, str] = {}
 
 
 def start_serve(num_cpus: int = 2) -> str:
@@ -26,7 +28,8 @@ def start_serve(num_cpus: int = 2) -> str:
     from ray import serve
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rayB", dir="/tmp"))
+    if "RAY_TMPDIR" not in os.environ:
+        os.environ["RAY_TMPDIR"] = _OWN_TMP["dir"] = tempfile.mkdtemp(prefix="rayB", dir="/tmp")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -61,6 +64,9 @@ def stop_serve() -> None:
 
     serve.shutdown()
     ray.shutdown()
+    if _OWN_TMP.get("dir"):  # Ray's session logs of this run
+        os.environ.pop("RAY_TMPDIR", None)
+        shutil.rmtree(_OWN_TMP.pop("dir"), ignore_errors=True)
 
 
 def normalised_observation(t: int, hw: tuple[int, int] = (64, 128), seed: int = 0) -> dict:

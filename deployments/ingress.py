@@ -43,6 +43,7 @@ class GraphReply:
     sessions: list  # SessionReport per row
     timings_ms: dict[str, float]
     replica: str
+    batch_requests: int = 1  # requests merged into the model call that served this one
 
 
 @dataclass
@@ -105,8 +106,8 @@ class IngressDeployment:
             timings["postprocess"] = (time.perf_counter() - t2) * 1000.0
         timings["graph"] = (time.perf_counter() - t0) * 1000.0
         timings.update({f"model.{k}": float(v) for k, v in out.result.timings_ms.items()})
-        timings["batch_requests"] = float(out.batch_requests)
-        return GraphReply(np.asarray(actions, dtype=np.float32), list(out.result.sessions), timings, out.replica)
+        actions = np.asarray(actions, dtype=np.float32)
+        return GraphReply(actions, list(out.result.sessions), timings, out.replica, out.batch_requests)
 
     async def generate(self, body: bytes, content_type: str | None) -> tuple[int, dict[str, str], bytes]:
         """Decode, run and encode one generations request; returns (status, headers, body). Never raises."""
@@ -124,6 +125,7 @@ class IngressDeployment:
             timings["ingress_total"] = (time.perf_counter() - t0) * 1000.0
             resp = protocol.build_response(req, reply.actions, reply.sessions, timings)
             resp["served_by"] = reply.replica
+            resp["batch_requests"] = reply.batch_requests
             payload, ctype = codec.encode_body(resp, req.flavour)
             self.metrics.observe_stages(timings)
             status, headers = 200, {"content-type": ctype}

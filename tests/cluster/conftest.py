@@ -23,6 +23,8 @@ BASE_ARGS = {
     "batching": {"max_batch_size": 8, "batch_wait_timeout_s": 0.01},
 }
 DEPLOY_TIMEOUT_S = 240
+#: Ray's Prometheus endpoint of this node, filled in by the cluster fixture
+METRICS_URL: dict[str, str] = {}
 HTTP_TIMEOUT_S = 120
 
 
@@ -41,8 +43,16 @@ def serve_cluster():
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="ray", dir="/tmp"))
-    port = _free_port()
-    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
+    os.environ["RAY_metrics_report_interval_ms"] = "1000"  # metrics reach the Prometheus endpoint within ~1 s
+    port, metrics_port = _free_port(), _free_port()
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=200 * 1024 * 1024,
+        log_to_driver=False,
+        _metrics_export_port=metrics_port,
+    )
+    METRICS_URL["url"] = f"http://127.0.0.1:{metrics_port}/metrics"
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     base_url = f"http://127.0.0.1:{port}"
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
 from serve_graph import codec
-from tests.cluster.conftest import AUTH
+from tests.cluster.conftest import AUTH, METRICS_URL
 from tests.graph.helpers import decode, normalised_body, raw_body
 
 pytestmark = pytest.mark.cluster
@@ -73,3 +75,18 @@ def test_api_key_required(http, front_door, headers):
 def test_api_key_header_variant(http, front_door):
     hdrs = {"Authorization": AUTH["Authorization"].replace("Bearer", "Api-Key")}
     assert http.get(front_door + "/v1/models", headers=hdrs).status_code == 200
+
+
+def test_metrics_reach_rays_prometheus_endpoint(http, front_door):
+    assert post(http, front_door, normalised_body(["metrics"])).status_code == 200
+    wanted = (
+        'ray_dreamzero_requests_total{', 'status="200"', "ray_dreamzero_stage_latency_ms_bucket",
+        "ray_dreamzero_live_sessions{", "ray_dreamzero_batch_rows_count", 'deployment="Policy"',
+    )  # fmt: skip
+    deadline, text = time.monotonic() + 60, ""
+    while time.monotonic() < deadline:
+        text = http.get(METRICS_URL["url"]).text
+        if all(w in text for w in wanted):
+            return
+        time.sleep(1.0)
+    pytest.fail(f"missing from {METRICS_URL['url']}: {[w for w in wanted if w not in text]}")

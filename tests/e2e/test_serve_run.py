@@ -6,6 +6,7 @@ The shipped config is used as is, except the HTTP port (a free one) so parallel 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -105,3 +106,4 @@ def test_serve_run_serves_the_shipped_config(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        shutil.rmtree(ray_tmp, ignore_errors=True)
