@@ -71,5 +71,5 @@ class ChunkResult:
     actions: np.ndarray  # float32 [B, action_horizon, max_action_dim=32], normalised, padded
     sessions: list[SessionReport]
     video_latents: np.ndarray | None = None  # float32 [B, z, 2, h, w] predicted latents (None unless requested)
-    timings_ms: dict[str, float] = field(default_factory=dict)  # e.g. {"text": .., "vae": .., "prefill": .., "denoise": ..}
+    timings_ms: dict[str, float] = field(default_factory=dict)  # ms per stage: text, vae, prefill, denoise, ...
     dit_steps: int = 0  # DiT forward steps actually run (after static mask / dynamic skipping)

@@ -100,6 +100,13 @@ def parse_frames(value, field: str, batched: bool) -> np.ndarray:
         raise InvalidObservation(f"{field}: empty image, received {_describe(arr)}", field=field)
     if arr.dtype == np.uint8:
         return arr
+    if arr.dtype.kind in "iu":  # JSON carries pixels as int64 lists: accept 0..255 integers as uint8
+        if arr.min() < 0 or arr.max() > 255:
+            raise InvalidObservation(
+                f"{field}: integer images must lie in 0..255, received values in [{arr.min()}, {arr.max()}]",
+                field=field,
+            )
+        return arr.astype(np.uint8)
     if arr.dtype.kind != "f":
         raise InvalidObservation(f"{field}: expected uint8 or float in [0, 1], received {_describe(arr)}", field=field)
     if not np.isfinite(arr).all():

@@ -25,6 +25,8 @@ def _fixture_dir() -> Path:
     env = os.environ.get("DREAMZERO_PARITY_DIR")
     path = Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "dit-parity"
     if not (path / "vectors.npz").exists():
+        if os.environ.get("CI"):  # CI always has shared/ beside the clone: a missing fixture is a failure there
+            pytest.fail(f"DiT parity fixture not found at {path} (set DREAMZERO_PARITY_DIR)")
         pytest.skip(f"DiT parity fixture not found at {path} (set DREAMZERO_PARITY_DIR)")
     return path
 

@@ -48,6 +48,7 @@ def test_channel_first_and_float_inputs_match_uint8_channel_last(droid):
     alt = dict(obs)
     alt["video.wrist_image_left"] = np.moveaxis(obs["video.wrist_image_left"], -1, 0)  # [3, H, W]
     alt["video.exterior_image_1_left"] = obs["video.exterior_image_1_left"].astype(np.float64) / 255.0
+    alt["video.exterior_image_2_left"] = obs["video.exterior_image_2_left"].astype(np.int64)  # JSON pixel lists
     got, _ = droid.preprocess(alt, "x")
     np.testing.assert_array_equal(got.images, ref.images)
 
@@ -127,7 +128,12 @@ def test_rollout_missing_view_is_black(droid):
             r"received shape \(180, 320, 4\)",
         ),
         (
-            lambda o: o.update({"video.wrist_image_left": np.zeros((180, 320, 3), np.int32)}),
+            lambda o: o.update({"video.wrist_image_left": np.full((180, 320, 3), 256, np.int64)}),
+            "video.wrist_image_left",
+            r"0\.\.255",
+        ),
+        (
+            lambda o: o.update({"video.wrist_image_left": np.zeros((180, 320, 3), bool)}),
             "video.wrist_image_left",
             "uint8 or float",
         ),
