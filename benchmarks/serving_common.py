@@ -69,8 +69,16 @@ def stop_serve() -> None:
         shutil.rmtree(_OWN_TMP.pop("dir"), ignore_errors=True)
 
 
-def normalised_observation(t: int, hw: tuple[int, int] = (64, 128), seed: int = 0) -> dict:
-    """One RLinf-style normalised row (canvas already at the tiny model's input size)."""
+def tiny_canvas() -> tuple[int, int]:
+    """The tiny model's input size: normalised clients send the canvas the model takes (no in-model resize)."""
+    from dreamzero.config import preset
+
+    return tuple(preset("tiny").pipeline.model_input_hw)
+
+
+def normalised_observation(t: int, hw: tuple[int, int] | None = None, seed: int = 0) -> dict:
+    """One RLinf-style normalised row (canvas already at the tiny model's input size unless `hw` says otherwise)."""
+    hw = hw or tiny_canvas()
     rng = np.random.default_rng(seed)
     mask = np.zeros((1, 1, 64), bool)
     mask[..., :8] = True

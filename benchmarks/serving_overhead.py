@@ -31,6 +31,7 @@ from serving_common import (  # noqa: E402
     request_body,
     start_serve,
     stop_serve,
+    tiny_canvas,
     write_section,
 )
 
@@ -105,8 +106,11 @@ def run(form: str, base_url: str, n: int, warmup: int) -> dict:
 
 
 def report(results: list[dict]) -> str:
+    h, w = tiny_canvas()
     lines = [
-        f"Tiny embedded model (random weights, shipped pipeline defaults), one session per side, {machine_line()}.",
+        f"Tiny embedded model (random weights, shipped pipeline defaults), normalised canvas {h}x{w} (the model's "
+        "input size), raw DROID 3x180x320; shipped serve settings (`serve_graph.builder.REPLICA_ENV`); one session "
+        f"per side, {machine_line()}.",
         "",
         "| form | path | p50 ms | p99 ms |",
         "|---|---|---|---|",

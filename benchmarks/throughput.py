@@ -31,6 +31,7 @@ from serving_common import (  # noqa: E402
     request_body,
     start_serve,
     stop_serve,
+    tiny_canvas,
     write_section,
 )
 
@@ -131,8 +132,10 @@ def model_batching_ceiling(rows: int, repeats: int = 5) -> dict[int, float]:
 
 
 def report(results: dict[str, list[dict]], chunks: int, ceiling: dict[int, float], wait_s: float) -> str:
+    h, w = tiny_canvas()
     lines = [
-        f"Tiny embedded model, one policy replica on CPU, normalised form 64x128, {chunks} chunks per client, best of "
+        f"Tiny embedded model, one policy replica on CPU, normalised form {h}x{w} (the model's input size), {chunks} "
+        f"chunks per client, best of "
         f"alternating runs, `batch_wait_timeout_s` {wait_s}; {machine_line()}.",
         "",
         "| clients | batching on: chunks/s | p50 ms | batching off: chunks/s | p50 ms | on / off |",

@@ -4,6 +4,12 @@ Concurrent requests are merged by `@serve.batch` into as few model calls as poss
 their arrays stack (same frame count and canvas size) and when they share no session (one in-flight step per
 session, in arrival order). The pipeline itself groups rows further into compatible forward passes. A failing group
 fails only its own requests.
+
+A request that finds the replica idle (nothing queued or running) while the previous model call served a single
+request is dispatched at once instead of waiting `batch_wait_timeout_s` for company that is not coming: a lone client
+pays no batching latency. Once calls merge several requests (concurrent clients, whose next requests arrive together
+right after a call), every request takes the `@serve.batch` path again, so a burst is not split into a lone call
+followed by the rest.
 """
 
 from __future__ import annotations
@@ -178,6 +184,8 @@ class PolicyDeployment:
         self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s)(
             self._generate_many
         )
+        self._in_flight = 0  # generate() calls not yet answered: queued for a batch, waiting or running
+        self._last_call_requests = 1  # requests merged into the latest model call (1: no recent concurrency)
         self._evictions_seen = 0
         self._ready = True
         log.info("policy replica %s ready in %.1f s", self.replica, time.perf_counter() - t0)
@@ -188,10 +196,15 @@ class PolicyDeployment:
             raise InvalidRequest("the policy needs a ModelBatch with at least one session row")
         if not self._ready:
             raise NotReady("policy replica is shutting down")
-        if not self._batching:
-            (outcome,) = await self._generate_many([batch])
-        else:
-            outcome = await self._batched(batch)
+        alone = self._in_flight == 0 and self._last_call_requests <= 1
+        self._in_flight += 1
+        try:
+            if not self._batching or alone:
+                (outcome,) = await self._generate_many([batch])  # idle replica: no company to wait for
+            else:
+                outcome = await self._batched(batch)
+        finally:
+            self._in_flight -= 1
         if outcome.error is not None:
             raise outcome.error
         return outcome.output
@@ -199,6 +212,7 @@ class PolicyDeployment:
     async def _generate_many(self, batches: list[ModelBatch]) -> list[_Outcome]:
         outcomes: list[_Outcome | None] = [None] * len(batches)
         self.metrics.batch_requests.observe(len(batches))
+        self._last_call_requests = len(batches)
         loop = asyncio.get_running_loop()
         default_seed = self._default_seed()
         for members in plan_groups(batches):

@@ -8,7 +8,8 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 .venv/bin/python -m pip install -q --upgrade pip
 if ! command -v nvidia-smi >/dev/null 2>&1 && ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  .venv/bin/pip install -q "torch==2.13.0" || .venv/bin/pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+  # where a local CPU wheel of 2.13.0 is offered (as on our CI machines) this takes seconds; else pip resolves below
+  .venv/bin/pip install -q "torch==2.13.0" || echo "torch==2.13.0 not available: letting pip resolve torch>=2.4"
 fi
 .venv/bin/pip install -q -e ".[sim,dev]"
 # Headless rendering for the MuJoCo scene (Mesa EGL); best effort, the libraries are usually already present.

@@ -33,7 +33,10 @@ class CropResize:
 
     def __call__(self, frames: np.ndarray) -> np.ndarray:
         """frames: uint8 or float in [0, 1], [N, H, W, 3] -> uint8 [N, out_h, out_w, 3]."""
-        x = torch.from_numpy(np.ascontiguousarray(frames))
+        frames = np.ascontiguousarray(frames)
+        if not frames.flags.writeable:  # decoded wire arrays are read-only views; torch wants writable memory
+            frames = frames.copy()
+        x = torch.from_numpy(frames)
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
         x = x.permute(0, 3, 1, 2)  # [N, 3, H, W]
         h, w = x.shape[-2:]

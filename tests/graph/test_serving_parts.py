@@ -168,6 +168,38 @@ def test_one_failing_group_fails_only_its_own_requests(monkeypatch):
     assert isinstance(outcomes[2].error, errors.CapacityError) and outcomes[2].output is None
 
 
+def test_idle_replica_dispatches_a_lone_request_at_once_and_batches_under_concurrency(monkeypatch):
+    import deployments.policy as policy_mod
+
+    monkeypatch.setattr(policy_mod, "load_pipeline", lambda **kw: _CountingPipeline())
+    policy = PolicyDeployment()
+    policy._batching = True  # as in a Serve replica; the batch path is recorded instead of run through @serve.batch
+    queued: list[list[str]] = []
+
+    async def batched(batch):
+        queued.append(list(batch.session_ids))
+        await asyncio.sleep(0.01)  # the batching window: concurrent requests join it
+        (outcome,) = await policy._generate_many([batch])
+        return outcome
+
+    policy._batched = batched
+
+    async def scenario():
+        await policy.generate(_batch(["a"]))  # idle, previous call single: straight to the model
+        await policy.generate(_batch(["a"]))
+        assert queued == []
+        # two concurrent requests: the first still finds the replica idle, the second queues for a batch
+        await asyncio.gather(policy.generate(_batch(["b"])), policy.generate(_batch(["c"])))
+        assert queued == [["c"]]
+        policy._last_call_requests = 3  # the latest call merged several requests: expect company, take the batch path
+        await policy.generate(_batch(["d"]))
+        assert queued == [["c"], ["d"]]
+        await policy.generate(_batch(["d"]))  # that call was single again: direct
+        assert queued == [["c"], ["d"]] and policy._in_flight == 0
+
+    asyncio.run(scenario())
+
+
 # 5. OpenPI frame buffering -----------------------------------------------------------------------------------------
 
 
