@@ -32,7 +32,7 @@ from dreamzero.sessions import SessionStore  # noqa: E402
 from dreamzero.types import ModelBatch  # noqa: E402
 
 # canvas sent per preset (the model may resize it in-model, see PipelineConfig.model_input_hw)
-CANVAS = {"tiny": (64, 128), "droid_14b": (352, 640), "libero_5b": (256, 512)}
+CANVAS = {"tiny": (32, 64), "droid_14b": (352, 640), "libero_5b": (256, 512)}
 MODES = {
     "16 steps": {"dit_step_mask": None, "dynamic_skip": False},
     "8-step mask (upstream)": {"dynamic_skip": False},
@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     model = build_model(args)
-    hw = tuple(int(v) for v in args.canvas.split("x")) if args.canvas else CANVAS.get(args.preset, (64, 128))
+    hw = tuple(int(v) for v in args.canvas.split("x")) if args.canvas else CANVAS.get(args.preset, (32, 64))
     if args.threads:
         torch.set_num_threads(args.threads)
     device = next(model.parameters()).device

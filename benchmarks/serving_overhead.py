@@ -105,12 +105,17 @@ def run(form: str, base_url: str, n: int, warmup: int) -> dict:
     return {"form": form, "n": n, "walls": walls, "hops": hops}
 
 
-def report(results: list[dict]) -> str:
+def report(results: list[dict], proxy_fast_path: bool) -> str:
     h, w = tiny_canvas()
+    proxy = (
+        "proxy started with `RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0` (as in docs/serving.md)"
+        if proxy_fast_path
+        else "proxy with Ray's defaults"
+    )
     lines = [
         f"Tiny embedded model (random weights, shipped pipeline defaults), normalised canvas {h}x{w} (the model's "
-        "input size), raw DROID 3x180x320; shipped serve settings (`serve_graph.builder.REPLICA_ENV`); one session "
-        f"per side, {machine_line()}.",
+        "input size), raw DROID 3x180x320; shipped replica settings (`serve_graph.builder.REPLICA_ENV`), "
+        f"{proxy}; one session per side, {machine_line()}.",
         "",
         "| form | path | p50 ms | p99 ms |",
         "|---|---|---|---|",
@@ -138,7 +143,7 @@ def report(results: list[dict]) -> str:
     lines += [
         "",
         f"{results[0]['n']} measured calls per side after warm-up, interleaved. Reproduce: "
-        "`python benchmarks/serving_overhead.py --write-docs`.",
+        f"`python benchmarks/serving_overhead.py{' --proxy-fast-path' if proxy_fast_path else ''} --write-docs`.",
     ]
     return "\n".join(lines)
 
@@ -148,15 +153,26 @@ def main(argv=None) -> int:
     ap.add_argument("--requests", type=int, default=30, help="measured calls per side and form")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--forms", default="normalised,raw", help="comma list of normalised, raw")
+    ap.add_argument(
+        "--proxy-fast-path",
+        action="store_true",
+        help="start Ray with RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0, as a user starts `serve run` (docs/serving.md)",
+    )
     ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the section into this file")
     args = ap.parse_args(argv)
-    base_url = start_serve()
+    import torch
+
+    # The embedded side runs the model as the policy replica does: Ray gives a replica with num_cpus 0 one torch
+    # thread (OMP_NUM_THREADS=1). Two threads here would also leave OpenMP workers spinning after each embedded call,
+    # on the very cores the next served request needs (on 2 cores that alone added ~5 ms to every served request).
+    torch.set_num_threads(1)
+    base_url = start_serve(proxy_fast_path=args.proxy_fast_path)
     try:
         deploy(base_url, BASE_ARGS)
         results = [run(form, base_url, args.requests, args.warmup) for form in args.forms.split(",")]
     finally:
         stop_serve()
-    text = report(results)
+    text = report(results, args.proxy_fast_path)
     print(text)
     if args.write_docs:
         write_section(

@@ -77,6 +77,11 @@ def main(argv=None) -> int:
     ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the section into this file")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
+    import torch
+
+    # the in-process ceiling runs the model as the policy replica does: one torch thread (Ray's OMP_NUM_THREADS=1
+    # for a replica with num_cpus 0)
+    torch.set_num_threads(1)
     results: dict[str, list[dict]] = {"on": [], "off": []}
     base_url = start_serve()
     try:

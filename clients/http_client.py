@@ -6,8 +6,9 @@
         result.actions  # float32 [B, H, D]
 
 What it does for you:
-- tracks each session's step from the replies and sends it back as `parameters.expected_steps`, so a server that lost
-  the session (replica died, scaled down, evicted) restarts it and says so instead of reusing stale state;
+- tracks each session's step and incarnation from the replies and sends them back as `parameters.expected_steps` /
+  `parameters.expected_incarnations`, so a server that lost the session (replica died, scaled down, evicted)
+  restarts it and says so instead of reusing stale state;
 - `reset_sessions(ids)` (or `reset=`) marks rows in `reset_mask` of the next call;
 - retries connection errors, timeouts and 500/502/503/504 with linear backoff (honouring `Retry-After`), never other
   4xx; raises typed errors from `clients.errors` carrying the server's message and field;
@@ -127,6 +128,7 @@ class ActionClient:
             follow_redirects=False,
         )
         self._steps: dict[str, int] = {}  # session id -> step of its last reply
+        self._incarnations: dict[str, str] = {}  # session id -> incarnation of its last reply (echoed back)
         self._pending_resets: set[str] = set()
 
     # 1. Session bookkeeping --------------------------------------------------------------------------------------
@@ -137,11 +139,13 @@ class ActionClient:
         self._pending_resets.update(ids)
         for sid in ids:
             self._steps.pop(sid, None)
+            self._incarnations.pop(sid, None)
 
     def forget_sessions(self, session_ids: str | Sequence[str]) -> None:
         """Drop local bookkeeping for finished sessions (the server evicts them on its own)."""
         for sid in [session_ids] if isinstance(session_ids, str) else session_ids:
             self._steps.pop(sid, None)
+            self._incarnations.pop(sid, None)
             self._pending_resets.discard(sid)
 
     @property
@@ -178,6 +182,7 @@ class ActionClient:
                 raise ValueError(f"reset has {len(mask)} entries for {b} sessions")
         mask = [m or sid in self._pending_resets for m, sid in zip(mask, ids)]
         expected = [None if m else self._steps.get(sid) for m, sid in zip(mask, ids)]
+        incarnations = [None if m else self._incarnations.get(sid) for m, sid in zip(mask, ids)]
         negatives = [negative_prompts] * b if isinstance(negative_prompts, str) else negative_prompts
         body = protocol.build_request_body(
             observation,
@@ -188,6 +193,7 @@ class ActionClient:
             negative_prompts=negatives,
             seed=seed,
             expected_steps=expected if any(s is not None for s in expected) else None,
+            expected_incarnations=incarnations if any(s is not None for s in incarnations) else None,
             routing_key=routing_key,
             model=self.model,
             output_format="numpy" if self.flavour != codec.JSON else "list",
@@ -219,6 +225,8 @@ class ActionClient:
                     "session %s restarted by the server (%s) after step %d", sid, s.get("restart_reason"), known
                 )
             self._steps[sid] = step
+            if isinstance(s.get("incarnation"), str):
+                self._incarnations[sid] = s["incarnation"]
 
     # 3. Other routes ---------------------------------------------------------------------------------------------
 

@@ -54,6 +54,7 @@ class _WsSession:
     model_id: str  # namespaced by connection
     buffers: dict[str, deque] = field(default_factory=dict)
     last_step: int | None = None
+    last_incarnation: str | None = None
     reset_next: bool = True  # the first infer of a session starts it fresh
 
 
@@ -277,12 +278,12 @@ class IngressDeployment:
                 session = _WsSession(req.session_id, ws_session_id(conn_id, req.session_id))
             if req.endpoint == "reset":
                 session.buffers.clear()
-                session.reset_next, session.last_step = True, None
+                session.reset_next, session.last_step, session.last_incarnation = True, None, None
                 return protocol.pack_frame(protocol.OPENPI_RESET_REPLY, flavour), session
             gen = self._openpi_to_request(req, session)
             reply = await self.run_graph(gen)
             report = reply.sessions[0]
-            session.last_step, session.reset_next = report.step, False
+            session.last_step, session.last_incarnation, session.reset_next = report.step, report.incarnation, False
             extra = {"session": report.to_dict(), "timings": reply.timings_ms} if req.reply_as_dict else None
             return protocol.pack_frame(
                 protocol.infer_reply(reply.actions[0], req.reply_as_dict, extra), flavour
@@ -315,6 +316,7 @@ class IngressDeployment:
             reset_mask=[first_call],
             seeds=None if req.seed is None else [req.seed],
             expected_steps=None if first_call else [session.last_step],
+            expected_incarnations=None if first_call else [session.last_incarnation],
             routing_key=session.model_id,
             flavour=req.flavour,
         )

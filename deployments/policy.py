@@ -1,15 +1,10 @@
 """Policy deployment: the only holder of the model and of per-session state (one instance per replica).
 
-Concurrent requests are merged by `@serve.batch` into as few model calls as possible. Requests are only merged when
-their arrays stack (same frame count and canvas size) and when they share no session (one in-flight step per
-session, in arrival order). The pipeline itself groups rows further into compatible forward passes. A failing group
-fails only its own requests.
-
-A request that finds the replica idle (nothing queued or running) while the previous model call served a single
-request is dispatched at once instead of waiting `batch_wait_timeout_s` for company that is not coming: a lone client
-pays no batching latency. Once calls merge several requests (concurrent clients, whose next requests arrive together
-right after a call), every request takes the `@serve.batch` path again, so a burst is not split into a lone call
-followed by the rest.
+Concurrent requests are merged by a continuous batcher (`deployments.batcher`: a batch forms when the model is free,
+waiting at most `batch_wait_timeout_s` for the clients of the previous batch) into as few model calls as possible.
+Requests are only merged when their arrays stack (same frame count and canvas size) and when they share no session
+(one in-flight step per session, in arrival order). The pipeline itself groups rows further into compatible forward
+passes. A failing group fails only its own requests.
 """
 
 from __future__ import annotations
@@ -25,6 +20,7 @@ from typing import Any
 import numpy as np
 from ray import serve
 
+from deployments.batcher import ContinuousBatcher
 from dreamzero.errors import InvalidRequest, NotReady
 from dreamzero.types import ChunkResult, ModelBatch
 from serve_graph.metrics import serving_metrics
@@ -44,7 +40,7 @@ class PolicyOutput:
 
 @dataclass
 class _Outcome:
-    # @serve.batch can only fail a whole batch; wrapping lets one bad group fail alone.
+    # a batch function can only fail a whole batch; wrapping lets one bad group fail alone.
     output: PolicyOutput | None = None
     error: BaseException | None = None
 
@@ -122,6 +118,7 @@ def merge_batches(batches: list[ModelBatch], default_seed: int) -> ModelBatch:
         negative_prompts=None if first.negative_prompts is None else rows("negative_prompts", None),
         reset_mask=rows("reset_mask", False),
         expected_steps=rows("expected_steps", None),
+        expected_incarnations=rows("expected_incarnations", None),
         seeds=rows("seeds", default_seed),
         embodiment_id=None if first.embodiment_id is None else rows("embodiment_id", 0),
     )
@@ -179,13 +176,10 @@ class PolicyDeployment:
         # The pipeline is not thread-safe: every model / session-store call goes through this one thread, which also
         # keeps the replica's event loop free to accept (and batch) requests while a chunk computes.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dreamzero-model")
-        # @serve.batch needs a replica context; in-process (and in Serve's local testing mode) requests run one by one
+        # Batching across requests happens only in a Serve replica; in-process (and in Serve's local testing mode)
+        # requests run one by one, as before.
         self._batching = batching and replica is not None
-        self._batched = serve.batch(max_batch_size=max_batch_size, batch_wait_timeout_s=batch_wait_timeout_s)(
-            self._generate_many
-        )
-        self._in_flight = 0  # generate() calls not yet answered: queued for a batch, waiting or running
-        self._last_call_requests = 1  # requests merged into the latest model call (1: no recent concurrency)
+        self._batcher = ContinuousBatcher(self._generate_many, max_batch_size, batch_wait_timeout_s)
         self._evictions_seen = 0
         self._ready = True
         log.info("policy replica %s ready in %.1f s", self.replica, time.perf_counter() - t0)
@@ -196,15 +190,10 @@ class PolicyDeployment:
             raise InvalidRequest("the policy needs a ModelBatch with at least one session row")
         if not self._ready:
             raise NotReady("policy replica is shutting down")
-        alone = self._in_flight == 0 and self._last_call_requests <= 1
-        self._in_flight += 1
-        try:
-            if not self._batching or alone:
-                (outcome,) = await self._generate_many([batch])  # idle replica: no company to wait for
-            else:
-                outcome = await self._batched(batch)
-        finally:
-            self._in_flight -= 1
+        if self._batching:
+            outcome = await self._batcher.submit(batch)
+        else:
+            (outcome,) = await self._generate_many([batch])
         if outcome.error is not None:
             raise outcome.error
         return outcome.output
@@ -212,7 +201,6 @@ class PolicyDeployment:
     async def _generate_many(self, batches: list[ModelBatch]) -> list[_Outcome]:
         outcomes: list[_Outcome | None] = [None] * len(batches)
         self.metrics.batch_requests.observe(len(batches))
-        self._last_call_requests = len(batches)
         loop = asyncio.get_running_loop()
         default_seed = self._default_seed()
         for members in plan_groups(batches):

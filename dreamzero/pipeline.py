@@ -396,6 +396,7 @@ class DreamZeroPipeline:
                 restarted=r.restarted,
                 restart_reason=r.reason,
                 frame_position=r.state.current_start_frame,
+                incarnation=r.state.incarnation,
             )
             for r in rows
         ]
@@ -443,7 +444,7 @@ class DreamZeroPipeline:
                 not isinstance(value, (list, tuple)) or any(not isinstance(p, str) for p in value)
             ):
                 raise InvalidObservation(f"{name} must be a list of {n} strings", field=name)
-        for name in ("prompts", "negative_prompts", "reset_mask", "expected_steps", "seeds"):
+        for name in ("prompts", "negative_prompts", "reset_mask", "expected_steps", "expected_incarnations", "seeds"):
             value = getattr(batch, name)
             if value is not None and len(value) != n:
                 raise InvalidObservation(f"{name} has {len(value)} entries, the batch has {n} rows", field=name)
@@ -469,11 +470,14 @@ class DreamZeroPipeline:
             negative = batch.negative_prompts[i] if batch.negative_prompts else DEFAULT_NEGATIVE_PROMPT
             state, reason = self.store.lookup(sid)
             expected = batch.expected_steps[i] if batch.expected_steps else None
+            expected_inc = batch.expected_incarnations[i] if batch.expected_incarnations else None
             if state is None:
                 pass  # reason is "new_session" or "evicted"
             elif (batch.reset_mask and batch.reset_mask[i]) or state.reset_pending:
                 reason = "reset_requested"
-            elif expected is not None and int(expected) != state.step:
+            elif (expected is not None and int(expected) != state.step) or (
+                expected_inc is not None and expected_inc != state.incarnation
+            ):
                 reason = "step_mismatch"
             elif prompt != state.prompt or negative != state.negative_prompt:
                 reason = "prompt_changed"

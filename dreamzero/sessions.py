@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -43,6 +44,9 @@ class SessionState:
     latent_hw: tuple[int, int] = (0, 0)  # latent grid of this session's video
     reset_pending: bool = False  # an explicit reset_sessions() call: the next call restarts ("reset_requested")
     last_used: float = 0.0  # store clock at the last access
+    # random id of this state, new at every (re)start: clients echo it so that stale state left on a replica
+    # (after a scale-down or a routing change) is recognised even when its step count happens to match
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def kv_len(self) -> int:
         """Cached video tokens (equal in every branch and layer)."""

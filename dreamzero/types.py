@@ -17,7 +17,7 @@ RESTART_REASONS = (
     "prompt_changed",  # the instruction differs from the session's cached one
     "single_frame",  # a 1-frame input after the first call (reference servers restart on it)
     "window_full",  # current_start_frame reached the attention window (after 4 chunks on DROID)
-    "step_mismatch",  # the client sent expected_step != the step this replica holds
+    "step_mismatch",  # the client's expected step (or incarnation) differs from the state this replica holds
     "evicted",  # the session was evicted (LRU/TTL) since its last call
 )
 
@@ -37,6 +37,9 @@ class ModelBatch:
     negative_prompts: list[str] | None = None  # B strings; None -> the embodiment's/model default negative prompt
     reset_mask: list[bool] | None = None  # B bools; None -> all False
     expected_steps: list[int | None] | None = None  # per row: the step count the client believes the session is at
+    # per row: the `incarnation` of the session state the client continued last (from SessionReport); with the step
+    # it identifies the state exactly, so stale state whose step happens to match is never reused
+    expected_incarnations: list[str | None] | None = None
     seeds: list[int] | None = None  # per row noise seed; None -> 1140 (every reference client's seed)
     embodiment_id: list[int] | None = None  # accepted for wire compatibility; ignored by the DiT (forced to 0)
 
@@ -53,6 +56,7 @@ class SessionReport:
     restarted: bool  # True if the state was (re)started for this call
     restart_reason: str | None  # one of RESTART_REASONS when restarted, else None
     frame_position: int  # current_start_frame after this call (latent frames)
+    incarnation: str | None = None  # random id of this session state, new at every (re)start; echo it back
 
     def to_dict(self) -> dict:
         return {
@@ -61,6 +65,7 @@ class SessionReport:
             "restarted": self.restarted,
             "restart_reason": self.restart_reason,
             "frame_position": self.frame_position,
+            "incarnation": self.incarnation,
         }
 
 

@@ -58,6 +58,7 @@ class GenerationRequest:
     negative_prompts: list[str] | None = None
     seeds: list[int] | None = None  # per row; `parameters.seed` may be one int (broadcast) or B ints
     expected_steps: list[int | None] | None = None
+    expected_incarnations: list[str | None] | None = None  # per row: `incarnation` of the last reply's session
     routing_key: str | None = None
     response_format: str = "envelope"
     output_format: str = "numpy"
@@ -87,6 +88,7 @@ class GenerationRequest:
             negative_prompts=self.negative_prompts,
             reset_mask=list(self.reset_mask),
             expected_steps=self.expected_steps,
+            expected_incarnations=self.expected_incarnations,
             seeds=self.seeds,
             embodiment_id=None if emb is None else [int(x) for x in emb],
         )
@@ -399,6 +401,17 @@ def parse_generation_request(
         expected_steps = [
             None if s is None else _int(s, f"parameters.expected_steps[{i}]", 0, 2**62) for i, s in enumerate(raw_steps)
         ]
+    expected_incarnations = None
+    if params.get("expected_incarnations") is not None:
+        raw_inc = _per_row(params["expected_incarnations"], "parameters.expected_incarnations", b, (str,))
+        for i, inc in enumerate(raw_inc):
+            if inc is not None and (not isinstance(inc, str) or not 0 < len(inc) <= 64):
+                raise InvalidObservation(
+                    f"'parameters.expected_incarnations[{i}]' must be null or the 'incarnation' string of the last "
+                    f"reply for that session, got {inc!r}",
+                    field=f"parameters.expected_incarnations[{i}]",
+                )
+        expected_incarnations = list(raw_inc)
     routing_key = params.get("routing_key")
     if routing_key is not None and (not isinstance(routing_key, str) or not routing_key):
         raise InvalidObservation("'parameters.routing_key' must be a non-empty string", field="parameters.routing_key")
@@ -412,6 +425,7 @@ def parse_generation_request(
         negative_prompts=negative_prompts,
         seeds=seeds,
         expected_steps=expected_steps,
+        expected_incarnations=expected_incarnations,
         routing_key=routing_key,
         response_format=_choice(
             runtime.get("response_format", "envelope"), "runtime.response_format", RESPONSE_FORMATS
@@ -432,6 +446,7 @@ def build_request_body(
     negative_prompts: Sequence[str] | None = None,
     seed: int | Sequence[int] | None = None,
     expected_steps: Sequence[int | None] | None = None,
+    expected_incarnations: Sequence[str | None] | None = None,
     routing_key: str | None = None,
     model: str = "dreamzero",
     response_format: str = "envelope",
@@ -446,6 +461,7 @@ def build_request_body(
         ("reset_mask", reset_mask),
         ("negative_prompts", negative_prompts),
         ("expected_steps", expected_steps),
+        ("expected_incarnations", expected_incarnations),
         ("routing_key", routing_key),
     ):
         if value is not None:

@@ -168,34 +168,51 @@ def test_one_failing_group_fails_only_its_own_requests(monkeypatch):
     assert isinstance(outcomes[2].error, errors.CapacityError) and outcomes[2].output is None
 
 
-def test_idle_replica_dispatches_a_lone_request_at_once_and_batches_under_concurrency(monkeypatch):
-    import deployments.policy as policy_mod
+def test_batcher_lone_client_never_waits_and_closed_loop_clients_share_one_call():
+    from deployments.batcher import ContinuousBatcher
 
-    monkeypatch.setattr(policy_mod, "load_pipeline", lambda **kw: _CountingPipeline())
-    policy = PolicyDeployment()
-    policy._batching = True  # as in a Serve replica; the batch path is recorded instead of run through @serve.batch
-    queued: list[list[str]] = []
+    calls: list[list[str]] = []
 
-    async def batched(batch):
-        queued.append(list(batch.session_ids))
-        await asyncio.sleep(0.01)  # the batching window: concurrent requests join it
-        (outcome,) = await policy._generate_many([batch])
-        return outcome
+    async def run(items):
+        calls.append(list(items))
+        await asyncio.sleep(0.02)  # the model call: requests arriving meanwhile queue for the next batch
+        return [f"out-{x}" for x in items]
 
-    policy._batched = batched
+    async def client(batcher, name, rounds):
+        return [await batcher.submit(f"{name}{r}") for r in range(rounds)]
 
     async def scenario():
-        await policy.generate(_batch(["a"]))  # idle, previous call single: straight to the model
-        await policy.generate(_batch(["a"]))
-        assert queued == []
-        # two concurrent requests: the first still finds the replica idle, the second queues for a batch
-        await asyncio.gather(policy.generate(_batch(["b"])), policy.generate(_batch(["c"])))
-        assert queued == [["c"]]
-        policy._last_call_requests = 3  # the latest call merged several requests: expect company, take the batch path
-        await policy.generate(_batch(["d"]))
-        assert queued == [["c"], ["d"]]
-        await policy.generate(_batch(["d"]))  # that call was single again: direct
-        assert queued == [["c"], ["d"]] and policy._in_flight == 0
+        loop = asyncio.get_running_loop()
+        lone = ContinuousBatcher(run, max_batch_size=8, wait_s=5.0)
+        t0 = loop.time()
+        assert await client(lone, "a", 3) == ["out-a0", "out-a1", "out-a2"]
+        assert loop.time() - t0 < 1.0  # never waited the 5 s window for company
+        calls.clear()
+        group = ContinuousBatcher(run, max_batch_size=8, wait_s=5.0)
+        await asyncio.gather(*(client(group, n, 3) for n in "abcd"))
+        # the first call may start alone; from then on the four closed-loop clients share every call
+        assert all(len(c) == 4 for c in calls[-2:]) and sum(map(len, calls)) == 12
+        calls.clear()
+        capped = ContinuousBatcher(run, max_batch_size=2, wait_s=0.0)
+        await asyncio.gather(*(capped.submit(x) for x in "xyz"))
+        assert [len(c) for c in calls] == [2, 1]
+
+    asyncio.run(scenario())
+
+
+def test_batcher_failure_reaches_only_that_batch_and_the_worker_survives():
+    from deployments.batcher import ContinuousBatcher
+
+    async def run(items):
+        if "boom" in items:
+            raise RuntimeError("model failed")
+        return items
+
+    async def scenario():
+        batcher = ContinuousBatcher(run, max_batch_size=4, wait_s=0.0)
+        with pytest.raises(RuntimeError, match="model failed"):
+            await batcher.submit("boom")
+        assert await batcher.submit("ok") == "ok"
 
     asyncio.run(scenario())
 

@@ -408,3 +408,20 @@ def test_droid_shaped_dit_forward():
                   state=torch.randn(1, 1, 64))  # fmt: skip
     assert out.video.shape == (1, 16, 2, 44, 80) and out.action.shape == (1, 24, 32) and out.kv_cache is None
     assert torch.isfinite(out.video).all() and torch.isfinite(out.action).all()
+
+
+def test_stale_state_with_a_matching_step_is_caught_by_the_incarnation(model):
+    """Stale state whose step count happens to equal the client's (it restarted elsewhere meanwhile) restarts."""
+    pipe = make_pipe(model)
+    first = pipe.generate(make_batch(["s"])).sessions[0]
+    assert first.incarnation and first.step == 1
+    cont = make_batch(["s"], t=4)
+    cont.expected_steps, cont.expected_incarnations = [1], [first.incarnation]
+    same = pipe.generate(cont).sessions[0]
+    assert (same.restarted, same.step, same.incarnation) == (False, 2, first.incarnation)
+    # the client's step-2 state lived on another replica: same step, other incarnation -> no silent reuse
+    stale = make_batch(["s"], t=4)
+    stale.expected_steps, stale.expected_incarnations = [2], ["from-another-replica"]
+    res = pipe.generate(stale).sessions[0]
+    assert (res.restarted, res.restart_reason, res.step) == (True, "step_mismatch", 1)
+    assert res.incarnation != first.incarnation

@@ -136,6 +136,8 @@ def _mutate(path: str, value):
         ("parameters.seed", -1, "parameters.seed", "integer"),
         ("parameters.seed", 1.5, "parameters.seed", "integer"),
         ("parameters.expected_steps", ["x", 1], "parameters.expected_steps[0]", "integer"),
+        ("parameters.expected_incarnations", [None, 7], "parameters.expected_incarnations[1]", "incarnation"),
+        ("parameters.expected_incarnations", ["a"], "parameters.expected_incarnations", "1 entries"),
         ("parameters.routing_key", "", "parameters.routing_key", "non-empty"),
         ("runtime.response_format", "sse", "runtime.response_format", "envelope"),
         ("runtime.output_format", "torch", "runtime.output_format", "numpy"),

@@ -1,0 +1,87 @@
+"""Continuous dynamic batching for the policy replica: a batch is formed when the model becomes free.
+
+`@serve.batch` forms a batch as soon as its window closes, even while the previous batch still holds the model; the
+formed batch then waits, frozen, and requests arriving meanwhile start another one. With closed-loop clients (a robot
+sends its next observation as soon as it has its actions) that splits N clients into alternating half-size batches
+for good. Here requests queue while the model runs and the next batch takes everything queued the moment it is free.
+
+When the model is free and fewer requests are queued than were active during the previous batch (the requests it
+held, whose clients are on their way back, plus those that queued while it ran), the batch waits for them, at most
+`wait_s`. A lone client therefore never waits, N closed-loop clients are served as one batch of N (two cohorts that
+got split merge again after one call), and when a client leaves one batch waits the full `wait_s` before the
+expectation follows the new count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Generic, TypeVar
+
+log = logging.getLogger("dreamzero.serve.batcher")
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+class ContinuousBatcher(Generic[Item, Result]):
+    """`await submit(item)` -> that item's result from `run(list_of_items)`, one `run` at a time, in arrival order."""
+
+    def __init__(self, run: Callable[[list[Item]], Awaitable[list[Result]]], max_batch_size: int, wait_s: float):
+        if max_batch_size < 1 or wait_s < 0:
+            raise ValueError(f"max_batch_size must be >= 1 and wait_s >= 0, got {max_batch_size}, {wait_s}")
+        self._run, self.max_batch_size, self.wait_s = run, max_batch_size, wait_s
+        self._queue: list[tuple[Item, asyncio.Future]] = []
+        self._arrived: asyncio.Event | None = None  # created on the serving loop
+        self._worker: asyncio.Task | None = None
+        self.expected = 1  # requests active during the previous batch: the company the next one waits for
+
+    async def submit(self, item: Item) -> Result:
+        loop = asyncio.get_running_loop()
+        if self._worker is None or self._worker.done():
+            self._arrived = asyncio.Event()
+            self._worker = loop.create_task(self._serve_forever())
+        future = loop.create_future()
+        self._queue.append((item, future))
+        self._arrived.set()
+        return await future
+
+    async def _serve_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+            # 1. the model is free: wait (bounded) for the clients of the previous batch to come back
+            deadline = loop.time() + self.wait_s
+            while len(self._queue) < min(self.expected, self.max_batch_size):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            # 2. take what is queued (callers that gave up are dropped) and run it
+            taken, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size :]
+            taken = [(item, fut) for item, fut in taken if not fut.done()]
+            if not taken:
+                continue
+            try:
+                results = await self._run([item for item, _ in taken])
+                if len(results) != len(taken):
+                    raise RuntimeError(f"batch function returned {len(results)} results for {len(taken)} items")
+            except Exception as exc:  # noqa: BLE001 - the batch's callers get the error; the worker keeps serving
+                log.exception("batch of %d failed", len(taken))
+                for _, fut in taken:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                self.expected = 1
+                continue
+            # this batch's clients come back, and those that queued meanwhile are waiting: together, the next batch
+            self.expected = len(taken) + len(self._queue)
+            for (_, fut), result in zip(taken, results):
+                if not fut.done():
+                    fut.set_result(result)
