@@ -453,7 +453,10 @@ class DreamZeroPipeline:
 
     def _model_frames(self, images: np.ndarray) -> torch.Tensor:
         """uint8 [B, T, H, W, 3] -> [B, T, 3, H', W'] in [-1, 1] at the model's input size (bilinear resize)."""
-        x = torch.from_numpy(np.ascontiguousarray(images)).to(self.device)
+        images = np.ascontiguousarray(images)
+        if not images.flags.writeable:  # decoded wire arrays are read-only views; torch wants writable memory
+            images = images.copy()
+        x = torch.from_numpy(images).to(self.device)
         b, t, h, w, _ = x.shape
         x = x.permute(0, 1, 4, 2, 3).reshape(b * t, 3, h, w).float() / 127.5 - 1.0
         hw = self.config.model_input_hw

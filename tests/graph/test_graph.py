@@ -27,7 +27,9 @@ def test_raw_form_returns_robot_actions(graph):
     assert resp["sessions"][0] == {
         "session_id": "raw-0", "step": 1, "restarted": True, "restart_reason": "new_session",
         "frame_position": resp["sessions"][0]["frame_position"],
+        "incarnation": resp["sessions"][0]["incarnation"],
     }  # fmt: skip
+    assert isinstance(resp["sessions"][0]["incarnation"], str) and len(resp["sessions"][0]["incarnation"]) == 12
     assert {"preprocess", "policy", "postprocess", "decode"} <= set(resp["timings"])
 
 
