@@ -169,6 +169,7 @@ def denoise_block(
     state_rows, y_rows = branch_rows(state, guided), branch_rows(y, guided)
     v = v_action = None
     steps = 0
+    cross_kv = dit.cross_kv(context_emb)  # the context is constant over the steps: project it once
     for i, t in enumerate(video_sched.timesteps.tolist()):
         if plan.should_run(i) or v is None:
             n = 2 * g if guided else g
@@ -180,6 +181,7 @@ def denoise_block(
                 kv_cache=kv_cache,
                 current_start_frame=start_frame,
                 context_emb=context_emb,
+                cross_kv=cross_kv,
                 y=y_rows,
                 action=branch_rows(a, guided),
                 timestep_action=timestep_action,

@@ -258,19 +258,34 @@ class CrossAttention(nn.Module):
             self.v_img = nn.Linear(dim, dim)
             self.norm_k_img = RMSNorm(dim, eps) if qk_norm else nn.Identity()
 
-    def forward(self, x: torch.Tensor, context: torch.Tensor, attention_dtype: torch.dtype | None) -> torch.Tensor:
-        """x [B, L, D]; context [B, 257 + Lt, D] (image tokens first) for i2v, [B, Lt, D] otherwise."""
+    def project_context(self, context: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """context [B, (257 +) Lt, D] -> (k, v[, k_img, v_img]) each [B, Lc, N, d].
+
+        The context is constant over a chunk's denoising steps, so the loop projects it once per chunk
+        (upstream recomputes it at every step; the numbers are identical).
+        """
         n, d = self.num_heads, self.head_dim
-        q = self.norm_q(self.q(x)).unflatten(-1, (n, d))
         if self.image_input:
             ctx_img, context = context[:, :_IMAGE_TOKENS], context[:, _IMAGE_TOKENS:]
-        k = self.norm_k(self.k(context)).unflatten(-1, (n, d))
-        v = self.v(context).unflatten(-1, (n, d))
-        out = _attention(q, k, v, attention_dtype)
+        kv = (self.norm_k(self.k(context)).unflatten(-1, (n, d)), self.v(context).unflatten(-1, (n, d)))
         if self.image_input:
             k_img = self.norm_k_img(self.k_img(ctx_img)).unflatten(-1, (n, d))
-            v_img = self.v_img(ctx_img).unflatten(-1, (n, d))
-            out = out + _attention(q, k_img, v_img, attention_dtype)
+            kv += (k_img, self.v_img(ctx_img).unflatten(-1, (n, d)))
+        return kv
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None,
+        attention_dtype: torch.dtype | None,
+        kv: tuple[torch.Tensor, ...] | None = None,
+    ) -> torch.Tensor:
+        """x [B, L, D]; context [B, 257 + Lt, D] (image tokens first) for i2v, [B, Lt, D] otherwise, or its `kv`."""
+        q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, self.head_dim))
+        kv = kv if kv is not None else self.project_context(context)
+        out = _attention(q, kv[0], kv[1], attention_dtype)
+        if self.image_input:
+            out = out + _attention(q, kv[2], kv[3], attention_dtype)
         return self.o(out)
 
 
@@ -291,13 +306,13 @@ class DiTBlock(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(dim, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, dim))
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
-    def forward(self, x, e, context, rope, video_len, kv_cache, window, attention_dtype):
+    def forward(self, x, e, context, rope, video_len, kv_cache, window, attention_dtype, cross_kv=None):
         """x [B, L, D]; e [B, L, 6, D] fp32 per-token modulation. Returns (x, new video KV [2, B, Lc', N, d])."""
         shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation.float().unsqueeze(0) + e).unbind(2)
         h = (self.norm1(x).float() * (1 + scale1) + shift1).to(x.dtype)
         y, new_kv = self.self_attn(h, rope, video_len, kv_cache, window, attention_dtype)
         x = (x.float() + y.float() * gate1).to(x.dtype)
-        x = x + self.cross_attn(self.norm3(x), context, attention_dtype)
+        x = x + self.cross_attn(self.norm3(x), context, attention_dtype, cross_kv)
         h = (self.norm2(x).float() * (1 + scale2) + shift2).to(x.dtype)
         x = (x.float() + self.ffn(h).float() * gate2).to(x.dtype)
         return x, new_kv
@@ -366,6 +381,10 @@ class CausalWanDiT(nn.Module):
         """Video tokens the KV cache may hold."""
         return self.cfg.max_attention_frames * self.cfg.frame_seqlen
 
+    def cross_kv(self, context_emb: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+        """Per layer the cross-attention K/V of a context [B, Lc, D]: computed once, reused by every denoise step."""
+        return [block.cross_attn.project_context(context_emb) for block in self.blocks]
+
     def embed_context(self, context: torch.Tensor, clip_feature: torch.Tensor | None = None) -> torch.Tensor:
         """T5 [B, Lt, text_dim] (+ CLIP [B, 257, image_dim] for i2v) -> cross-attention context [B, (257+)Lt, D].
 
@@ -418,18 +437,20 @@ class CausalWanDiT(nn.Module):
         action: torch.Tensor | None = None,
         timestep_action: torch.Tensor | None = None,
         state: torch.Tensor | None = None,
+        cross_kv: list[tuple[torch.Tensor, ...]] | None = None,
     ) -> DiTOutput:
         """One prefill (action None) or denoise (action/timestep_action/state given) pass.
 
         x [B, C, F, H, W] latents; timestep [B, F] int per frame; context [B, 512, text_dim] T5 rows (or the
         precomputed `context_emb`); y [B, C_y, F, H, W] first-frame conditioning (i2v); action [B, A, action_dim];
-        timestep_action [B, A]; state [B, 1, max_state_dim]; kv_cache per layer [2, B, Lc, N, d] (None = empty).
+        timestep_action [B, A]; state [B, 1, max_state_dim]; kv_cache per layer [2, B, Lc, N, d] (None = empty);
+        cross_kv: per layer the projected context from `cross_kv(context_emb)` (reused across denoising steps).
         """
         cfg, dtype = self.cfg, self.dtype
         denoise = action is not None
         if denoise and (timestep_action is None or state is None):
             raise ValueError("a denoise pass needs action, timestep_action and state together")
-        if context_emb is None:
+        if context_emb is None and cross_kv is None:
             if context is None:
                 raise ValueError("pass context (T5 rows) or context_emb")
             context_emb = self.embed_context(context, clip_feature)
@@ -460,10 +481,11 @@ class CausalWanDiT(nn.Module):
         # 3. blocks; rope tables shared by all layers
         rope = self._rope(f, gh, gw, current_start_frame, denoise, tokens.device)
         caches = kv_cache if kv_cache is not None else [None] * len(self.blocks)
+        crosses = cross_kv if cross_kv is not None else [None] * len(self.blocks)
         new_caches = []
         h = tokens
-        for block, cache in zip(self.blocks, caches):
-            h, new_kv = block(h, e6, context_emb, rope, video_len, cache, self.kv_window, self.attention_dtype)
+        for block, cache, cross in zip(self.blocks, caches, crosses):
+            h, new_kv = block(h, e6, context_emb, rope, video_len, cache, self.kv_window, self.attention_dtype, cross)
             new_caches.append(new_kv)
 
         # 4. outputs: head + unpatchify on video tokens, decoder on action tokens
