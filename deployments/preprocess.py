@@ -6,8 +6,6 @@ functions of the request plus metadata.json, so replicas scale independently of 
 
 from __future__ import annotations
 
-import numpy as np
-
 from dreamzero.embodiments import Embodiment, PostprocessContext, get_embodiment
 from dreamzero.errors import InvalidRequest
 from dreamzero.types import ModelBatch
@@ -24,19 +22,6 @@ def openpi_key_map(embodiment: Embodiment) -> dict[str, str]:
     return dict(getattr(embodiment, "openpi_key_map", None) or OPENPI_DROID_KEY_MAP)
 
 
-def _json_pixels(value):
-    """JSON carries pixels as int64 lists: integer image arrays ([B, (T,) H, W, C]) within 0..255 become uint8."""
-    if (
-        isinstance(value, np.ndarray)
-        and value.ndim >= 4
-        and value.dtype.kind in "iu"
-        and value.dtype != np.uint8
-        and (value.size == 0 or (value.min() >= 0 and value.max() <= 255))
-    ):
-        return value.astype(np.uint8)
-    return value
-
-
 class PreprocessDeployment:
     def __init__(self, embodiment: str, metadata_path: str | None = None, model_path: str | None = None):
         self.embodiment = load_embodiment(embodiment, metadata_path, model_path)
@@ -44,8 +29,8 @@ class PreprocessDeployment:
     def run(self, request: GenerationRequest) -> tuple[ModelBatch, PostprocessContext]:
         if request.form != "raw":
             raise InvalidRequest("preprocess handles the raw form only; normalised requests go to the policy")
-        observation = {k: _json_pixels(v) for k, v in request.observation.items()}
-        inputs, context = self.embodiment.preprocess(observation, list(request.prompts), batched=True)
+        # JSON pixel lists (int64) are accepted by the embodiment's own image parser
+        inputs, context = self.embodiment.preprocess(request.observation, list(request.prompts), batched=True)
         if len(inputs) != request.batch_size:
             raise InvalidRequest(
                 f"input.observation holds {len(inputs)} rows but parameters.session_ids has {request.batch_size}"
