@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "DREAMZERO_CACHE_DIR"
 SEED = 1140
 #: bump when the build recipe changes (init scheme, tokenizer pieces), so old caches are not reused
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: the local tokenizer gained the negative prompt's words
 _COMPLETE = ".complete"
 _WARNING = (
     "EMBEDDED DEFAULT MODEL IN USE: tiny DreamZero with RANDOM weights at %s. Its actions are MEANINGLESS; "

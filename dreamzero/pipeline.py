@@ -12,7 +12,9 @@ Per chunk and session (dreamzero-model.md, "One action chunk"):
      cosine-similarity rule allows, conditional and unconditional rows batched into one forward; guidance on video
      only, the action follows the conditional prediction;
   6. `current_start_frame += num_frame_per_block`, `step += 1`.
-Rows whose sessions sit at different frame positions (different KV lengths / RoPE offsets) run as separate forwards.
+Rows whose sessions sit at different frame positions share the same forwards: each row carries its own RoPE offset,
+and the KV caches are front-padded to a common length with the padding masked (`BatchCache`); when every row sits at
+one position nothing is padded and the unmasked path runs exactly as upstream's.
 `prefill_block` and `denoise_block` are the loop itself, usable with a bare DiT (the parity test drives them).
 """
 
@@ -116,23 +118,53 @@ def branch_rows(x: torch.Tensor | None, guided: bool) -> torch.Tensor | None:
     return x.repeat_interleave(2, dim=0)
 
 
+@dataclass
+class BatchCache:
+    """The self-attention KV caches of one forward's rows: per layer [2, R, L, N, d].
+
+    `lengths` (None: all L tokens valid) gives each row's own tokens, the trailing ones; rows at different frame
+    positions are front-padded to the longest and the DiT masks the padding.
+    """
+
+    layers: list[torch.Tensor]
+    lengths: list[int] | None = None
+
+
+def _starts(start_frame: int | list[int], rows: int) -> int | list[int]:
+    """A per-session start frame list -> per forward row (the cond and uncond rows of a session share it)."""
+    if isinstance(start_frame, int) or len(start_frame) == rows:
+        return start_frame
+    if not start_frame or rows % len(start_frame):
+        raise ValueError(f"{len(start_frame)} start frames for {rows} rows")
+    return [sf for sf in start_frame for _ in range(rows // len(start_frame))]
+
+
 @torch.no_grad()
 def prefill_block(
     dit: CausalWanDiT,
     latents: torch.Tensor,
     *,
     context_emb: torch.Tensor,
-    kv_cache: list[torch.Tensor] | None,
-    start_frame: int,
+    kv_cache: BatchCache | None,
+    start_frame: int | list[int],
     y: torch.Tensor | None = None,
-) -> list[torch.Tensor]:
-    """Write clean latents [R, z, F, h, w] (t = 0) at `start_frame` into the caches; returns the new per-layer caches.
+) -> BatchCache:
+    """Write clean latents [R, z, F, h, w] (t = 0) at `start_frame` (one, or one per row) into the caches.
 
     R rows are whatever the caller batches (typically cond + uncond rows of G sessions); `y` [R, Cy, F, h, w].
+    Returns the new per-layer caches.
     """
     t = torch.zeros(latents.shape[0], latents.shape[2], dtype=torch.long, device=latents.device)
-    out = dit(latents, t, kv_cache=kv_cache, current_start_frame=start_frame, context_emb=context_emb, y=y)
-    return out.kv_cache
+    out = dit(
+        latents,
+        t,
+        kv_cache=None if kv_cache is None else kv_cache.layers,
+        kv_lengths=None if kv_cache is None else kv_cache.lengths,
+        current_start_frame=_starts(start_frame, latents.shape[0]),
+        context_emb=context_emb,
+        y=y,
+    )
+    return BatchCache(out.kv_cache, out.kv_lengths)
 
 
 @dataclass
@@ -151,17 +183,19 @@ def denoise_block(
     action_noise: torch.Tensor,
     state: torch.Tensor,
     context_emb: torch.Tensor,
-    kv_cache: list[torch.Tensor],
-    start_frame: int,
+    kv_cache: BatchCache,
+    start_frame: int | list[int],
     y: torch.Tensor | None = None,
 ) -> DenoiseResult:
     """Denoise one block for G rows: video_noise [G, z, F, h, w], action_noise [G, A, ad], state [G, 1, S].
 
     With guidance (cfg_scale != 1) `context_emb` and `kv_cache` hold 2G rows, session-major (s0 cond, s0 uncond,
-    s1 cond, ...), and `y` G rows; without guidance all hold G rows. Samples stay fp32 whatever the DiT's dtype.
+    s1 cond, ...), and `y` G rows; without guidance all hold G rows. `start_frame` is one frame position for all rows
+    or one per session. Samples stay fp32 whatever the DiT's dtype.
     """
     guided = cfg.cfg_scale != 1.0
     g = video_noise.shape[0]
+    start_frame = _starts(start_frame, 2 * g if guided else g)
     video_sched = FlowUniPCScheduler(cfg.num_inference_steps, cfg.sigma_shift)
     action_sched = FlowUniPCScheduler(cfg.num_inference_steps, cfg.sigma_shift)
     plan = StepPlan(cfg)
@@ -178,7 +212,8 @@ def denoise_block(
             out = dit(
                 branch_rows(x, guided),
                 timestep,
-                kv_cache=kv_cache,
+                kv_cache=kv_cache.layers,
+                kv_lengths=kv_cache.lengths,
                 current_start_frame=start_frame,
                 context_emb=context_emb,
                 cross_kv=cross_kv,
@@ -201,22 +236,39 @@ def denoise_block(
     return DenoiseResult(video=x, action=a, dit_steps=steps)
 
 
-def stack_caches(states: list[SessionState]) -> list[torch.Tensor]:
-    """Per-layer [2, R, L, N, d] for one forward, session-major rows; a lone session's cache is used as is."""
+def stack_caches(states: list[SessionState]) -> BatchCache:
+    """One forward's caches, session-major rows; a lone session's cache is used as is.
+
+    Sessions at different frame positions hold caches of different lengths: shorter ones are front-padded with zeros
+    (masked by the DiT) and `lengths` says how many trailing tokens are each row's own.
+    """
     if len(states) == 1:
-        return states[0].kv_cache
-    return [torch.cat([s.kv_cache[layer] for s in states], dim=1) for layer in range(len(states[0].kv_cache))]
+        return BatchCache(list(states[0].kv_cache))
+    lengths = [s.kv_cache[0].shape[2] for s in states]
+    longest = max(lengths)
+    layers = []
+    for layer in range(len(states[0].kv_cache)):
+        parts = [s.kv_cache[layer] for s in states]
+        if longest != min(lengths):
+            parts = [F.pad(p, (0, 0, 0, 0, longest - p.shape[2], 0)) for p in parts]  # pad dim 2 at the front
+        layers.append(torch.cat(parts, dim=1))
+    if longest == min(lengths):
+        return BatchCache(layers)
+    rows = [n for s, n in zip(states, lengths) for _ in range(s.kv_cache[0].shape[1])]
+    return BatchCache(layers, rows)
 
 
-def split_caches(caches: list[torch.Tensor], states: list[SessionState], branches: tuple[str, ...]) -> None:
-    """Give each session its rows of the batched caches (cloned when batched: a session must not pin the batch)."""
+def split_caches(caches: BatchCache, states: list[SessionState], branches: tuple[str, ...]) -> None:
+    """Give each session its rows of the batched caches, without padding (cloned when batched: a session must not
+    pin the batch)."""
     nb = len(branches)
     for si, state in enumerate(states):
         state.branches = branches
-        if len(states) == 1:
-            state.kv_cache = list(caches)
-        else:
-            state.kv_cache = [c[:, si * nb : (si + 1) * nb].clone() for c in caches]
+        if len(states) == 1 and caches.lengths is None:
+            state.kv_cache = list(caches.layers)
+            continue
+        keep = caches.layers[0].shape[2] if caches.lengths is None else caches.lengths[si * nb]
+        state.kv_cache = [c[:, si * nb : (si + 1) * nb, c.shape[2] - keep :].clone() for c in caches.layers]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -366,24 +418,21 @@ class DreamZeroPipeline:
             anchors = frames[[r.index for r in restarts], anchor_t]  # [G, 3, H, W]
             self._start_sessions(restarts, anchors, timer)
 
-        # 3. continuing rows: prefill the observed block, grouped by frame position
+        # 3. continuing rows: prefill the observed block (one forward whatever their frame positions)
         continuing = [r for r in rows if not r.restarted]
-        for group in _group_by(continuing, lambda r: r.state.current_start_frame):
-            self._prefill_observed(group, frames, timer)
+        if continuing:
+            self._prefill_observed(continuing, frames, timer)
 
-        # 4. denoise, grouped by frame position (restarted rows all sit at frame 1)
-        actions = torch.zeros(n, self.action_horizon, self.max_action_dim)
-        latents: list[torch.Tensor | None] = [None] * n
-        dit_steps = 0
-        for group in _group_by(rows, lambda r: r.state.current_start_frame):
-            res = self._denoise(group, batch, noise, timer)
-            dit_steps = max(dit_steps, res.dit_steps)
-            act = res.action[:, : self.action_horizon].cpu()
-            for gi, r in enumerate(group):
-                actions[r.index, :, : act.shape[2]] = act[gi]
-                latents[r.index] = res.video[gi].cpu()
-                r.state.current_start_frame += self.dit_cfg.num_frame_per_block
-                r.state.step += 1
+        # 4. denoise every row in one batch (restarted rows sit at frame 1, continuing ones further on)
+        res = self._denoise(rows, batch, noise, timer)
+        actions = torch.zeros(n, self.action_horizon, self.max_action_dim)  # rows are in batch order
+        act = res.action[:, : self.action_horizon].cpu()
+        actions[:, :, : act.shape[2]] = act
+        latents = res.video.cpu()
+        dit_steps = res.dit_steps
+        for r in rows:
+            r.state.current_start_frame += self.dit_cfg.num_frame_per_block
+            r.state.step += 1
 
         # 5. store and report
         ids = [r.state.session_id for r in rows]
@@ -406,7 +455,7 @@ class DreamZeroPipeline:
         return ChunkResult(
             actions=actions.numpy().astype(np.float32),
             sessions=reports,
-            video_latents=torch.stack(latents).numpy().astype(np.float32) if return_latents else None,
+            video_latents=latents.numpy().astype(np.float32) if return_latents else None,
             timings_ms=dict(timer.ms),
             dit_steps=dit_steps,
         )
@@ -596,10 +645,9 @@ class DreamZeroPipeline:
             s.current_start_frame = 1
 
     def _prefill_observed(self, rows: list[_Row], frames: torch.Tensor, timer: _Timer) -> None:
-        """Continuing rows at one frame position: VAE of [first frame, each new frame twice], prefill the last block."""
+        """Continuing rows: VAE of [first frame, each new frame twice]; prefill the last block at each row's frame."""
         nfpb = self.dit_cfg.num_frame_per_block
         states = [r.state for r in rows]
-        csf = states[0].current_start_frame
         size = tuple(frames.shape[-2:])
         for s in states:
             if tuple(s.first_frame.shape[-2:]) != size:
@@ -613,8 +661,10 @@ class DreamZeroPipeline:
             first = torch.stack([s.first_frame.float() for s in states]).unsqueeze(1)  # [G, 1, 3, H, W]
             video = torch.cat([first, new], dim=1).permute(0, 2, 1, 3, 4)  # [G, 3, 1 + 2T, H, W]
             lat = self._vae_encode(video)[:, :, -nfpb:]  # [G, z, nfpb, h, w]
-        start = csf - nfpb
-        y = torch.cat([s.y[:, :, start:csf] for s in states]) if self.dit_cfg.has_image_input else None
+        starts = [s.current_start_frame - nfpb for s in states]
+        y = None
+        if self.dit_cfg.has_image_input:
+            y = torch.cat([s.y[:, :, st : st + nfpb] for s, st in zip(states, starts)])
         with timer("prefill"):
             ctx = self._context_emb(states, [s.clip_feature for s in states])
             caches = prefill_block(
@@ -622,7 +672,7 @@ class DreamZeroPipeline:
                 branch_rows(lat, self._guided).to(self.dtype),
                 context_emb=ctx,
                 kv_cache=stack_caches(states),
-                start_frame=start,
+                start_frame=starts,
                 y=branch_rows(y, self._guided),
             )
         split_caches(caches, states, self._branches)
@@ -648,12 +698,18 @@ class DreamZeroPipeline:
     def _denoise(self, rows: list[_Row], batch: ModelBatch, noise: Mapping | None, timer: _Timer) -> DenoiseResult:
         cfg = self.dit_cfg
         states = [r.state for r in rows]
-        csf, nfpb = states[0].current_start_frame, cfg.num_frame_per_block
+        starts, nfpb = [s.current_start_frame for s in states], cfg.num_frame_per_block
         video_noise, action_noise = self._noise(rows, (cfg.out_dim, nfpb, *states[0].latent_hw), noise)
         state = torch.from_numpy(np.ascontiguousarray(batch.state[[r.index for r in rows]])).float().to(self.device)
-        y = torch.cat([s.y[:, :, csf : csf + nfpb] for s in states]) if cfg.has_image_input else None
-        if y is not None and y.shape[2] != nfpb:
-            raise RuntimeError(f"frame position {csf} is past the conditioning window ({states[0].y.shape[2]} frames)")
+        y = None
+        if cfg.has_image_input:
+            for s in states:
+                if s.current_start_frame + nfpb > s.y.shape[2]:
+                    raise RuntimeError(
+                        f"frame position {s.current_start_frame} is past the conditioning window "
+                        f"({s.y.shape[2]} frames)"
+                    )
+            y = torch.cat([s.y[:, :, s.current_start_frame : s.current_start_frame + nfpb] for s in states])
         with timer("denoise"):
             ctx = self._context_emb(states, [s.clip_feature for s in states])
             return denoise_block(
@@ -664,7 +720,7 @@ class DreamZeroPipeline:
                 state=state,
                 context_emb=ctx,
                 kv_cache=stack_caches(states),
-                start_frame=csf,
+                start_frame=starts,
                 y=y,
             )
 
@@ -680,10 +736,3 @@ def apply_overrides(config: PipelineConfig, overrides: dict | None) -> PipelineC
     out = dataclasses.replace(config, **overrides)
     validate_pipeline_config(out)
     return out
-
-
-def _group_by(rows: list[_Row], key) -> list[list[_Row]]:
-    groups: dict = {}
-    for r in rows:
-        groups.setdefault(key(r), []).append(r)
-    return list(groups.values())

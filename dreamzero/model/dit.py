@@ -8,7 +8,10 @@ Token sequence of one forward (B rows; a row is one session x one CFG branch):
     denoise : [video F*S | A action | 1 state]  (noisy latents + registers; the cache is read, never written)
 with S = frame_seqlen tokens per latent frame and A = num_action_per_block.
 
-Self-attention has no mask: queries of the new tokens attend to [cached video K/V | new video K/V | register K/V].
+Self-attention is unmasked (as upstream) unless rows at different frame positions share a forward: queries of the new
+tokens attend to [cached video K/V | new video K/V | register K/V], and front-padded caches are masked (`_key_mask`).
+Cross-attention reads T5 rows padded with zeros to text_len (512): the identical padding keys are folded into one key
+weighted by their count (`CrossContext`), which is exact and skips most of the 512 (see `embed_context`).
 The cache holds K after `norm_k` and after RoPE (absolute positions), and is truncated to the attention window
 (max_attention_frames * frame_seqlen video tokens). Attention (unmasked SDPA) runs in the activations' dtype unless
 `attention_dtype` says otherwise: fp32 for an fp32 model (the parity vectors were recorded with fp32 attention;
@@ -20,6 +23,7 @@ Shapes: B rows, C latent channels, F latent frames, H x W latent grid, S = (H/2)
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -84,10 +88,13 @@ def video_rope_angles(
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate adjacent channel pairs (x[2i], x[2i+1]) as complex numbers. x [B, L, N, d]; cos/sin [L, d/2] fp32."""
+    """Rotate adjacent channel pairs (x[2i], x[2i+1]) as complex numbers.
+
+    x [B, L, N, d]; cos/sin fp32 [L, d/2] (one position table for all rows) or [B, L, d/2] (per row).
+    """
     xf = x.float().unflatten(-1, (-1, 2))  # [B, L, N, d/2, 2]
     re, im = xf[..., 0], xf[..., 1]
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    c, s = (cos[None, :, None, :], sin[None, :, None, :]) if cos.ndim == 2 else (cos[:, :, None], sin[:, :, None])
     out = torch.stack([re * c - im * s, re * s + im * c], dim=-1)
     return out.flatten(-2).to(x.dtype)
 
@@ -179,11 +186,24 @@ class MLPProj(nn.Module):
         return self.proj(x)
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """Unmasked SDPA. q [B, Lq, N, d], k/v [B, Lk, N, d] -> [B, Lq, N*d] in q's dtype."""
+def _attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dtype: torch.dtype | None,
+    key_mask: torch.Tensor | None = None,
+    key_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SDPA. q [B, Lq, N, d], k/v [B, Lk, N, d] -> [B, Lq, N*d] in q's dtype.
+
+    key_mask [B, Lk] bool (True = attend); key_bias [Lk] float, added to every query's logits (one or the other).
+    """
     dtype = dtype or q.dtype
+    mask = None if key_mask is None else key_mask[:, None, None, :]
+    if key_bias is not None:
+        mask = key_bias.to(q.device, dtype)[None, None, None, :]
     out = F.scaled_dot_product_attention(
-        q.transpose(1, 2).to(dtype), k.transpose(1, 2).to(dtype), v.transpose(1, 2).to(dtype)
+        q.transpose(1, 2).to(dtype), k.transpose(1, 2).to(dtype), v.transpose(1, 2).to(dtype), attn_mask=mask
     )
     return out.transpose(1, 2).flatten(2).to(q.dtype)
 
@@ -213,10 +233,12 @@ class CausalSelfAttention(nn.Module):
         kv_cache: torch.Tensor | None,
         window: int,
         attention_dtype: torch.dtype | None,
+        key_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, L, D] (first `video_len` tokens are video). Returns (out [B, L, D], new cache [2, B, Lc', N, d]).
 
         The new cache is `cat(kv_cache, new video K/V)` truncated to the last `window` tokens; registers never enter it.
+        Rows whose caches were front-padded to a common length pass `key_mask` [B, Lc' + registers] (see `_key_mask`).
         """
         b, n, d = x.shape[0], self.num_heads, self.head_dim
         q = self.norm_q(self.q(x)).unflatten(-1, (n, d))  # [B, L, N, d]
@@ -233,12 +255,49 @@ class CausalSelfAttention(nn.Module):
         new_kv = new_kv[:, :, -window:]  # window applies to the video part only
         keys = torch.cat([new_kv[0], k[:, video_len:]], dim=1)  # [B, Lc' + Lr, N, d]
         values = torch.cat([new_kv[1], v[:, video_len:]], dim=1)
-        return self.o(_attention(q, keys, values, attention_dtype)), new_kv
+        return self.o(_attention(q, keys, values, attention_dtype, key_mask)), new_kv
 
 
 # ----------------------------------------------------------------------------------------------------------------------
 # 4. Cross-attention on text (+ image for i2v)
 # ----------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CrossContext:
+    """The cross-attention context of a forward: [B, (257 image +) Lt text tokens, D] after the embeddings.
+
+    T5 pads every prompt with zero rows to text_len, and zero rows embed to one and the same key and value. So the
+    text part keeps every position up to the last real token of any row plus one padding token, and that token's
+    attention logit gets + log(text_repeats), the number of padding positions it stands for: softmax and the weighted
+    sum are then exactly those over the full 512 (to rounding), at a fraction of the cost.
+    """
+
+    emb: torch.Tensor
+    text_repeats: int = 1
+
+    def text_bias(self, text_tokens: int) -> torch.Tensor | None:
+        """Per text key the logit offset (log of its multiplicity), or None when nothing was folded."""
+        if self.text_repeats == 1:
+            return None
+        bias = torch.zeros(text_tokens, dtype=torch.float32, device=self.emb.device)
+        bias[-1] = math.log(self.text_repeats)
+        return bias
+
+
+def as_cross_context(context: CrossContext | torch.Tensor) -> CrossContext:
+    return context if isinstance(context, CrossContext) else CrossContext(context)
+
+
+@dataclass
+class ProjectedContext:
+    """One layer's cross-attention keys/values of a context ([B, Lc, N, d] each) and the text logit offsets."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_img: torch.Tensor | None = None
+    v_img: torch.Tensor | None = None
+    text_bias: torch.Tensor | None = None
 
 
 class CrossAttention(nn.Module):
@@ -258,34 +317,39 @@ class CrossAttention(nn.Module):
             self.v_img = nn.Linear(dim, dim)
             self.norm_k_img = RMSNorm(dim, eps) if qk_norm else nn.Identity()
 
-    def project_context(self, context: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """context [B, (257 +) Lt, D] -> (k, v[, k_img, v_img]) each [B, Lc, N, d].
+    def project_context(self, context: CrossContext | torch.Tensor) -> ProjectedContext:
+        """context [B, (257 +) Lt, D] (image tokens first for i2v) -> keys and values [B, Lc, N, d].
 
         The context is constant over a chunk's denoising steps, so the loop projects it once per chunk
         (upstream recomputes it at every step; the numbers are identical).
         """
         n, d = self.num_heads, self.head_dim
+        ctx = as_cross_context(context)
+        text = ctx.emb[:, _IMAGE_TOKENS:] if self.image_input else ctx.emb
+        out = ProjectedContext(
+            k=self.norm_k(self.k(text)).unflatten(-1, (n, d)),
+            v=self.v(text).unflatten(-1, (n, d)),
+            text_bias=ctx.text_bias(text.shape[1]),
+        )
         if self.image_input:
-            ctx_img, context = context[:, :_IMAGE_TOKENS], context[:, _IMAGE_TOKENS:]
-        kv = (self.norm_k(self.k(context)).unflatten(-1, (n, d)), self.v(context).unflatten(-1, (n, d)))
-        if self.image_input:
-            k_img = self.norm_k_img(self.k_img(ctx_img)).unflatten(-1, (n, d))
-            kv += (k_img, self.v_img(ctx_img).unflatten(-1, (n, d)))
-        return kv
+            ctx_img = ctx.emb[:, :_IMAGE_TOKENS]
+            out.k_img = self.norm_k_img(self.k_img(ctx_img)).unflatten(-1, (n, d))
+            out.v_img = self.v_img(ctx_img).unflatten(-1, (n, d))
+        return out
 
     def forward(
         self,
         x: torch.Tensor,
-        context: torch.Tensor | None,
+        context: CrossContext | torch.Tensor | None,
         attention_dtype: torch.dtype | None,
-        kv: tuple[torch.Tensor, ...] | None = None,
+        kv: ProjectedContext | None = None,
     ) -> torch.Tensor:
         """x [B, L, D]; context [B, 257 + Lt, D] (image tokens first) for i2v, [B, Lt, D] otherwise, or its `kv`."""
         q = self.norm_q(self.q(x)).unflatten(-1, (self.num_heads, self.head_dim))
         kv = kv if kv is not None else self.project_context(context)
-        out = _attention(q, kv[0], kv[1], attention_dtype)
+        out = _attention(q, kv.k, kv.v, attention_dtype, key_bias=kv.text_bias)
         if self.image_input:
-            out = out + _attention(q, kv[2], kv[3], attention_dtype)
+            out = out + _attention(q, kv.k_img, kv.v_img, attention_dtype)
         return self.o(out)
 
 
@@ -306,11 +370,11 @@ class DiTBlock(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(dim, cfg.ffn_dim), nn.GELU(approximate="tanh"), nn.Linear(cfg.ffn_dim, dim))
         self.modulation = nn.Parameter(torch.randn(1, 6, dim) / dim**0.5)
 
-    def forward(self, x, e, context, rope, video_len, kv_cache, window, attention_dtype, cross_kv=None):
+    def forward(self, x, e, context, rope, video_len, kv_cache, window, attention_dtype, cross_kv=None, key_mask=None):
         """x [B, L, D]; e [B, L, 6, D] fp32 per-token modulation. Returns (x, new video KV [2, B, Lc', N, d])."""
         shift1, scale1, gate1, shift2, scale2, gate2 = (self.modulation.float().unsqueeze(0) + e).unbind(2)
         h = (self.norm1(x).float() * (1 + scale1) + shift1).to(x.dtype)
-        y, new_kv = self.self_attn(h, rope, video_len, kv_cache, window, attention_dtype)
+        y, new_kv = self.self_attn(h, rope, video_len, kv_cache, window, attention_dtype, key_mask)
         x = (x.float() + y.float() * gate1).to(x.dtype)
         x = x + self.cross_attn(self.norm3(x), context, attention_dtype, cross_kv)
         h = (self.norm2(x).float() * (1 + scale2) + shift2).to(x.dtype)
@@ -341,6 +405,7 @@ class DiTOutput:
     video: torch.Tensor  # [B, out_dim, F, H, W] predicted flow (prefill: discarded by the loop)
     action: torch.Tensor | None  # [B, A, action_dim] (denoise only)
     kv_cache: list[torch.Tensor] | None  # per layer [2, B, Lc', N, d] (prefill only): the caches to keep
+    kv_lengths: list[int] | None = None  # per row the valid (trailing) tokens of kv_cache; None: all Lc' valid
 
 
 class CausalWanDiT(nn.Module):
@@ -381,22 +446,28 @@ class CausalWanDiT(nn.Module):
         """Video tokens the KV cache may hold."""
         return self.cfg.max_attention_frames * self.cfg.frame_seqlen
 
-    def cross_kv(self, context_emb: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    def cross_kv(self, context_emb: CrossContext | torch.Tensor) -> list[ProjectedContext]:
         """Per layer the cross-attention K/V of a context [B, Lc, D]: computed once, reused by every denoise step."""
         return [block.cross_attn.project_context(context_emb) for block in self.blocks]
 
-    def embed_context(self, context: torch.Tensor, clip_feature: torch.Tensor | None = None) -> torch.Tensor:
-        """T5 [B, Lt, text_dim] (+ CLIP [B, 257, image_dim] for i2v) -> cross-attention context [B, (257+)Lt, D].
+    def embed_context(self, context: torch.Tensor, clip_feature: torch.Tensor | None = None) -> CrossContext:
+        """T5 [B, Lt, text_dim] (+ CLIP [B, 257, image_dim] for i2v) -> cross-attention context [B, (257+)Lt', D].
 
-        Constant over a chunk's denoising steps: the loop calls this once per chunk and passes `context_emb`.
+        The trailing zero (padding) rows all rows share are folded into one (`CrossContext`); Lt' is the longest
+        prompt of the batch plus one. Constant over a chunk's denoising steps: the loop calls this once per chunk.
         """
         dtype = self.patch_embedding.weight.dtype
+        real = context.ne(0).any(dim=-1).any(dim=0).nonzero()  # positions where some row has a real token
+        last = int(real[-1]) + 1 if len(real) else 0  # rows [last, Lt) are zero in every row of the batch
+        repeats = context.shape[1] - last
+        if repeats > 1:
+            context = context[:, : last + 1]
         ctx = self.text_embedding(context.to(dtype))
         if self.cfg.has_image_input:
             if clip_feature is None:
                 raise ValueError("the i2v DiT needs clip_feature [B, 257, image_dim]")
             ctx = torch.cat([self.img_emb(clip_feature.to(dtype)), ctx], dim=1)
-        return ctx
+        return CrossContext(ctx, max(repeats, 1))
 
     def _time_modulation(self, t_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # t_tokens [B, L] -> e [B, L, D] (head), e6 [B, L, 6, D] (blocks), both fp32
@@ -409,7 +480,7 @@ class CausalWanDiT(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.patch_embedding.weight.dtype
 
-    def _rope(self, f: int, h: int, w: int, start_frame: int, with_registers: bool, device) -> tuple[torch.Tensor, ...]:
+    def _rope_table(self, f: int, h: int, w: int, start_frame: int, with_registers: bool, device):
         d, theta = self.cfg.head_dim, self.cfg.rope_theta
         angles = [video_rope_angles(f, h, w, start_frame, d, theta, device)]
         if with_registers:
@@ -421,6 +492,32 @@ class CausalWanDiT(nn.Module):
         a = torch.cat(angles)  # [L, d/2] float64
         return torch.cos(a).float(), torch.sin(a).float()
 
+    def _rope(self, f: int, h: int, w: int, start_frames: list[int], with_registers: bool, device):
+        """cos/sin [L, d/2] when every row sits at one frame position, else [B, L, d/2] (one table per row)."""
+        tables = {sf: self._rope_table(f, h, w, sf, with_registers, device) for sf in dict.fromkeys(start_frames)}
+        if len(tables) == 1:
+            return next(iter(tables.values()))
+        return tuple(torch.stack([tables[sf][k] for sf in start_frames]) for k in (0, 1))
+
+    def _key_mask(
+        self, kv_lengths: list[int] | None, cache_len: int, video_len: int, registers: int, device
+    ) -> tuple[torch.Tensor | None, list[int] | None]:
+        """Self-attention key mask for rows whose caches were front-padded to `cache_len`, and their new lengths.
+
+        After `cat(cache, new)` and the window cut a row keeps W' = min(cache_len + video_len, window) tokens, of which
+        its own are the last min(len + video_len, window); the padding in front of them is masked. None when no row
+        is padded (the unmasked kernel, as upstream).
+        """
+        if kv_lengths is None:
+            return None, None
+        kept = min(cache_len + video_len, self.kv_window)
+        valid = [min(n + video_len, self.kv_window) for n in kv_lengths]
+        if all(v == kept for v in valid):
+            return None, valid
+        first = kept - torch.tensor(valid, device=device)  # first valid cache slot per row
+        cache_mask = torch.arange(kept, device=device)[None, :] >= first[:, None]
+        return torch.cat([cache_mask, cache_mask.new_ones(len(valid), registers)], dim=1), valid
+
     # -- forward -----------------------------------------------------------------------------------------------------
 
     def forward(
@@ -429,15 +526,16 @@ class CausalWanDiT(nn.Module):
         timestep: torch.Tensor,
         *,
         kv_cache: list[torch.Tensor] | None,
-        current_start_frame: int,
+        current_start_frame: int | Sequence[int],
+        kv_lengths: Sequence[int] | None = None,
         context: torch.Tensor | None = None,
         clip_feature: torch.Tensor | None = None,
-        context_emb: torch.Tensor | None = None,
+        context_emb: CrossContext | torch.Tensor | None = None,
         y: torch.Tensor | None = None,
         action: torch.Tensor | None = None,
         timestep_action: torch.Tensor | None = None,
         state: torch.Tensor | None = None,
-        cross_kv: list[tuple[torch.Tensor, ...]] | None = None,
+        cross_kv: list[ProjectedContext] | None = None,
     ) -> DiTOutput:
         """One prefill (action None) or denoise (action/timestep_action/state given) pass.
 
@@ -445,6 +543,10 @@ class CausalWanDiT(nn.Module):
         precomputed `context_emb`); y [B, C_y, F, H, W] first-frame conditioning (i2v); action [B, A, action_dim];
         timestep_action [B, A]; state [B, 1, max_state_dim]; kv_cache per layer [2, B, Lc, N, d] (None = empty);
         cross_kv: per layer the projected context from `cross_kv(context_emb)` (reused across denoising steps).
+
+        Rows at different frame positions share one pass: `current_start_frame` per row, and `kv_lengths` the valid
+        (trailing) tokens of each row's cache when the caches were front-padded to a common length; the output then
+        carries the new per-row lengths.
         """
         cfg, dtype = self.cfg, self.dtype
         denoise = action is not None
@@ -478,14 +580,27 @@ class CausalWanDiT(nn.Module):
             t_tokens = torch.cat([t_tokens, ta, state_t], dim=1)  # [B, L]
         e, e6 = self._time_modulation(t_tokens)
 
-        # 3. blocks; rope tables shared by all layers
-        rope = self._rope(f, gh, gw, current_start_frame, denoise, tokens.device)
+        # 3. blocks; rope tables and the key mask shared by all layers
+        if isinstance(current_start_frame, Sequence):
+            starts = [int(sf) for sf in current_start_frame]
+        else:
+            starts = [int(current_start_frame)] * b
+        if len(starts) != b or (kv_lengths is not None and len(kv_lengths) != b):
+            raise ValueError(f"{b} rows, {len(starts)} start frames, kv_lengths {kv_lengths}: pass one per row")
+        rope = self._rope(f, gh, gw, starts, denoise, tokens.device)
+        cache_len = kv_cache[0].shape[2] if kv_cache else 0
+        lengths = None if kv_lengths is None else list(kv_lengths)
+        key_mask, new_lengths = self._key_mask(
+            lengths, cache_len, video_len, tokens.shape[1] - video_len, tokens.device
+        )
         caches = kv_cache if kv_cache is not None else [None] * len(self.blocks)
         crosses = cross_kv if cross_kv is not None else [None] * len(self.blocks)
         new_caches = []
         h = tokens
         for block, cache, cross in zip(self.blocks, caches, crosses):
-            h, new_kv = block(h, e6, context_emb, rope, video_len, cache, self.kv_window, self.attention_dtype, cross)
+            h, new_kv = block(
+                h, e6, context_emb, rope, video_len, cache, self.kv_window, self.attention_dtype, cross, key_mask
+            )
             new_caches.append(new_kv)
 
         # 4. outputs: head + unpatchify on video tokens, decoder on action tokens
@@ -496,4 +611,6 @@ class CausalWanDiT(nn.Module):
         act = None
         if denoise:
             act = self.action_decoder(h[:, video_len : video_len + cfg.num_action_per_block])
-        return DiTOutput(video=video, action=act, kv_cache=None if denoise else new_caches)
+        if denoise:
+            return DiTOutput(video=video, action=act, kv_cache=None)
+        return DiTOutput(video=video, action=act, kv_cache=new_caches, kv_lengths=new_lengths)

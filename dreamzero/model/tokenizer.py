@@ -23,12 +23,16 @@ TOKENIZER_ENV = "DREAMZERO_TOKENIZER_PATH"
 
 # T5 convention: pad 0, eos 1, unk 2 (the text encoder pads with id 0 and the model never attends to padding)
 _SPECIALS = ("<pad>", "</s>", "<unk>")
-# Words a robot instruction is made of; each becomes one whole-word piece so prompts tokenise into few ids.
+# Words a robot instruction is made of, then those of the default negative prompt (every guided row carries it); each
+# becomes one whole-word piece so prompts tokenise into few ids (the DiT's cross-attention cost follows the longest).
 _WORDS = (
     "the a an and of to in on into onto from with up down left right top bottom front back side open close put "
     "pick place move push pull turn take lift drop grasp hold stack slide rotate press insert remove cup bowl plate "
     "box block drawer door lid cabinet table shelf basket bottle can marker pen towel sponge spoon fork knife mug "
-    "pot pan red green blue yellow black white orange purple small large it them then robot arm gripper object"
+    "pot pan red green blue yellow black white orange purple small large it them then robot arm gripper object "
+    "Vibrant colors overexposed static blurry details text subtitles style artwork painting image still grayscale "
+    "dull worst quality low JPEG artifacts ugly mutilated extra fingers bad hands face deformed disfigured mutated "
+    "limbs fused stagnant cluttered background three legs many people walking backwards"
 ).split()
 
 

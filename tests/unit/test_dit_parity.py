@@ -138,14 +138,14 @@ def test_free_running_two_chunks_through_the_loop(fixture, dit):
     caches = prefill_block(
         dit, two(v["first_frame_latent"]), context_emb=ctx, kv_cache=None, start_frame=0, y=two(ys[:, :, 0:1])
     )
-    assert caches[0].shape == (2, 2, 8, 2, 32)
+    assert caches.layers[0].shape == (2, 2, 8, 2, 32) and caches.lengths is None
     for chunk, csf in ((1, 1), (2, 3)):
         if chunk == 2:
             caches = prefill_block(
                 dit, two(v["chunk2_observed_latents"]), context_emb=ctx, kv_cache=caches, start_frame=1,
                 y=two(ys[:, :, 1:3]),
             )  # fmt: skip
-            assert caches[0].shape[2] == 24
+            assert caches.layers[0].shape[2] == 24
         res = denoise_block(
             dit,
             cfg,

@@ -188,6 +188,35 @@ def test_vae_encode_normalises_the_posterior_mode_and_decode_inverts(tiny):
     torch.testing.assert_close(decoded, vae.autoencoder.decode(mu).sample, rtol=1e-4, atol=1e-4)
 
 
+def test_vae_fast_norms_and_layout_give_the_stock_numbers(tiny):
+    """Every diffusers norm is swapped for the sum-of-squares one; encode and decode match the stock diffusers module
+    (F.normalize, contiguous input) to float rounding, in fp32 and in bf16."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm
+
+    from dreamzero.model.vae import use_fast_norms
+
+    vae = tiny.vae
+    norms = [m for m in vae.modules() if isinstance(m, WanRMS_norm)]
+    assert norms and all(type(m) is not WanRMS_norm for m in norms)
+    stock = WanVAE(vae.cfg)
+    stock.load_state_dict(vae.state_dict())
+    for m in stock.modules():  # back to diffusers' own forward
+        if isinstance(m, WanRMS_norm):
+            m.__class__ = WanRMS_norm
+    video = torch.rand(2, 3, 9, 32, 64, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    with torch.no_grad():
+        want = stock.autoencoder.encode(video).latent_dist.mode()
+        mean, inv_std = vae._stats(want)
+        torch.testing.assert_close(vae.encode(video), (want - mean) * inv_std, rtol=1e-5, atol=1e-5)
+        z = vae.encode(video)
+        torch.testing.assert_close(vae.decode(z), stock.decode(z), rtol=1e-4, atol=1e-4)
+        x = torch.randn(2, 8, 3, 4, 4).bfloat16()
+        norm = WanRMS_norm(8, images=False)
+        fast = WanRMS_norm(8, images=False)
+        assert use_fast_norms(fast) == 1
+        torch.testing.assert_close(fast(x), norm(x), rtol=0.02, atol=0.02)  # bf16 output, fp32 statistics both
+
+
 def test_vae_rejects_statistics_of_the_wrong_width():
     with pytest.raises(ValueError, match="z_dim"):
         WanVAE(dataclasses.replace(VAEConfig(), z_dim=8))

@@ -192,17 +192,49 @@ def test_batch_equals_each_session_alone(model):
         np.testing.assert_allclose(alone.generate(rows(nxt, [i])).actions[0], together[i], atol=1e-5, rtol=0)
 
 
-def test_rows_at_different_positions_are_grouped(model):
-    """A continuing session and a new one in one call equal the same sessions run apart."""
+def test_rows_at_different_positions_share_forwards(model):
+    """A continuing session and a new one in one call equal the same sessions run apart, in one forward per step."""
     pipe = make_pipe(model)
     pipe.generate(make_batch(["old"]))
     mixed = make_batch(["old", "new"], t=4)
-    res = pipe.generate(mixed)
+    calls = []
+    hook = pipe.dit.register_forward_hook(lambda mod, args, out: calls.append(args[0].shape[0]))
+    try:
+        res = pipe.generate(mixed)
+    finally:
+        hook.remove()
     assert [s.frame_position for s in res.sessions] == [5, 3]
+    # restart prefill of "new" (2 rows), observed prefill of "old" (2 rows), then 3 guided steps over all 4 rows
+    assert calls == [2, 2, 4, 4, 4]
     ref = make_pipe(model)
     ref.generate(make_batch(["old"]))
     np.testing.assert_allclose(ref.generate(rows(mixed, [0])).actions[0], res.actions[0], atol=1e-5, rtol=0)
     np.testing.assert_allclose(make_pipe(model).generate(rows(mixed, [1])).actions[0], res.actions[1], atol=1e-5)
+
+
+def test_staggered_sessions_batched_equal_each_alone(model):
+    """Sessions one, two and three chunks apart, through a window-full restart, batched every call: every chunk, every
+    stored cache and every frame position equal the same session run alone (padding never leaks into a result)."""
+    ids = ["s0", "s1", "s2"]
+    together, alone = make_pipe(model), {sid: make_pipe(model) for sid in ids}
+    for k, sid in enumerate(ids):  # stagger: s0 is three chunks ahead of s2
+        for j in range(len(ids) - k):
+            b = make_batch([sid], t=1 if j == 0 else 4, seed_offset=10 * k + j, seeds=[k])
+            together.generate(b)
+            alone[sid].generate(b)
+    for step in range(5):
+        batch = make_batch(ids, t=4, seed_offset=100 + step, seeds=[0, 1, 2])
+        res = together.generate(batch)
+        assert len({s.frame_position for s in res.sessions}) > 1  # really mixed positions
+        for i, sid in enumerate(ids):
+            own = alone[sid].generate(rows(batch, [i]))
+            np.testing.assert_allclose(own.actions[0], res.actions[i], atol=1e-5, rtol=0)
+            assert own.sessions[0].frame_position == res.sessions[i].frame_position
+            assert own.sessions[0].restarted == res.sessions[i].restarted
+            mine, theirs = together.store.lookup(sid)[0].kv_cache, alone[sid].store.lookup(sid)[0].kv_cache
+            assert [c.shape for c in mine] == [c.shape for c in theirs]
+            for a, b in zip(mine, theirs):
+                torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
 
 
 def test_each_reset_trigger_restarts_only_its_session(model):
@@ -278,6 +310,33 @@ def test_dit_truncates_the_cache_to_the_window(model):
     assert out.kv_cache[0].shape[2] == dit.kv_window
     # the oldest 2 frames were dropped, the rest shifted: old tokens [2S:] now lead the cache
     torch.testing.assert_close(out.kv_cache[0][:, :, : -2 * cfg.frame_seqlen], full[0][:, :, 2 * cfg.frame_seqlen :])
+
+
+def test_folded_text_padding_equals_attending_to_all_512(model):
+    """embed_context folds the shared zero padding of T5 rows into one weighted key: the same denoise output as the
+    full 512-token context, for prompts of different lengths in one batch."""
+    from dreamzero.model.dit import CrossContext
+
+    dit = model.model
+    cfg = dit.cfg
+    text = torch.zeros(2, cfg.text_len, cfg.text_dim)
+    text[0, :7], text[1, :30] = torch.randn(7, cfg.text_dim), torch.randn(30, cfg.text_dim)
+    clip = torch.randn(2, 257, cfg.image_dim)
+    folded = dit.embed_context(text, clip)
+    assert folded.emb.shape[1] == 257 + 31 and folded.text_repeats == cfg.text_len - 30
+    with torch.no_grad():
+        full = CrossContext(torch.cat([dit.img_emb(clip), dit.text_embedding(text)], dim=1))
+        cache = [torch.randn(2, 2, 3 * cfg.frame_seqlen, cfg.num_heads, cfg.head_dim) for _ in dit.blocks]
+        kw = dict(
+            kv_cache=cache, current_start_frame=3, y=torch.randn(2, 20, 2, 4, 8), action=torch.randn(2, 24, 32),
+            timestep_action=torch.full((2, 24), 500), state=torch.randn(2, 1, 64),
+        )  # fmt: skip
+        x, t = torch.randn(2, 16, 2, 4, 8), torch.full((2, 2), 500)
+        a, b = dit(x, t, context_emb=folded, **kw), dit(x, t, context_emb=full, **kw)
+    torch.testing.assert_close(a.video, b.video, atol=2e-5, rtol=0)
+    torch.testing.assert_close(a.action, b.action, atol=2e-5, rtol=0)
+    # a prompt that fills every position leaves nothing to fold
+    assert dit.embed_context(torch.randn(1, cfg.text_len, cfg.text_dim), clip[:1]).text_repeats == 1
 
 
 def test_without_guidance_one_branch(model):
