@@ -24,12 +24,14 @@ _OWN_TMP: dict[str, str] = {}
 
 #: what a user puts in the environment of `serve run` for the proxy's half of the replicas' fast path (docs/serving.md)
 PROXY_FAST_PATH_ENV = {"RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+#: HAProxy in front of the ingress replicas instead of Serve's Python proxy (docs/serving.md, "Front door")
+HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 
 
-def start_serve(num_cpus: int = 2, proxy_fast_path: bool = False) -> str:
-    """Start a private Ray (own temp dir, no dashboard) and Serve's proxy on a free port; returns the base URL.
+def start_serve(num_cpus: int = 2, proxy_fast_path: bool = False, haproxy: bool = False) -> str:
+    """Start a private Ray (own temp dir, no dashboard) and Serve's HTTP front door on a free port; returns its URL.
 
-    `proxy_fast_path` starts Ray (and so the proxy) with PROXY_FAST_PATH_ENV, as `serve run` would be started.
+    `proxy_fast_path` / `haproxy` start Ray with PROXY_FAST_PATH_ENV / HAPROXY_ENV, as `serve run` would be started.
     """
     import ray
     from ray import serve
@@ -37,6 +39,8 @@ def start_serve(num_cpus: int = 2, proxy_fast_path: bool = False) -> str:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if proxy_fast_path:
         os.environ.update(PROXY_FAST_PATH_ENV)
+    if haproxy:
+        os.environ.update(HAPROXY_ENV)
     if "RAY_TMPDIR" not in os.environ:
         os.environ["RAY_TMPDIR"] = _OWN_TMP["dir"] = tempfile.mkdtemp(prefix="rayB", dir="/tmp")
     with socket.socket() as s:

@@ -74,21 +74,28 @@ def main(argv=None) -> int:
         help="batching.batch_wait_timeout_s of the batching-on app (0 adds no latency but forms smaller batches)",
     )
     ap.add_argument("--repeats", type=int, default=2, help="alternating on/off measurements per level (best kept)")
+    ap.add_argument(
+        "--torch-threads", type=int, default=1, help="policy.torch_threads of both apps (and of the in-process ceiling)"
+    )
+    ap.add_argument(
+        "--proxy-fast-path", action="store_true", help="start Ray with RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0"
+    )
+    ap.add_argument("--haproxy", action="store_true", help="start Ray with RAY_SERVE_ENABLE_HA_PROXY=1")
     ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the section into this file")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
     import torch
 
-    # the in-process ceiling runs the model as the policy replica does: one torch thread (Ray's OMP_NUM_THREADS=1
-    # for a replica with num_cpus 0)
-    torch.set_num_threads(1)
+    # the in-process ceiling runs the model as the policy replicas do (policy.torch_threads)
+    torch.set_num_threads(args.torch_threads)
     results: dict[str, list[dict]] = {"on": [], "off": []}
-    base_url = start_serve()
+    base_url = start_serve(proxy_fast_path=args.proxy_fast_path, haproxy=args.haproxy)
     try:
         urls = {}
         for mode, enabled in (("on", True), ("off", False)):
             cfg = {
                 **BASE_ARGS,
+                "policy": {"torch_threads": args.torch_threads},
                 "batching": {"enabled": enabled, "max_batch_size": 16, "batch_wait_timeout_s": args.batch_wait_s},
             }
             urls[mode] = deploy(base_url, cfg, name=f"bench-{mode}", route_prefix=f"/{mode}")

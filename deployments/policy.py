@@ -52,6 +52,31 @@ class _Group:
     sessions: set[str] = field(default_factory=set)
 
 
+class CpuThreads:
+    """Torch intra-op threads per model call on CPU: one per `rows_per_thread` rows, at most `max_threads`.
+
+    Ray pins a replica to OMP_NUM_THREADS = num_cpus (1 when 0). A second thread speeds a wide batch up (its matrices
+    are big enough to split) but not a single row, whose small ops then only spin a core that the request path of
+    the other clients (ingress, proxy) needs; so small calls run on one thread and wide ones on more.
+    """
+
+    def __init__(self, max_threads: int, rows_per_thread: int):
+        self.max_threads, self.rows_per_thread = max_threads, max(1, rows_per_thread)
+        self.current: int | None = None
+
+    def for_rows(self, rows: int) -> int:
+        return max(1, min(self.max_threads, rows // self.rows_per_thread))
+
+    def use_for(self, rows: int) -> int:
+        import torch
+
+        n = self.for_rows(rows)
+        if n != self.current:
+            torch.set_num_threads(n)
+            self.current = n
+        return n
+
+
 def load_pipeline(**kwargs: Any):
     """Load the model pipeline (imported lazily: the module stays importable without the model stack)."""
     from dreamzero.pipeline import DreamZeroPipeline
@@ -159,8 +184,11 @@ class PolicyDeployment:
         max_batch_size: int = 16,
         batch_wait_timeout_s: float = 0.005,
         return_latents: bool = False,
+        torch_threads: int | None = None,
+        rows_per_thread: int = 4,
     ):
         t0 = time.perf_counter()
+        self._threads = CpuThreads(torch_threads, rows_per_thread) if torch_threads and device == "cpu" else None
         self.pipeline = load_pipeline(
             model_path=model_path,
             device=device,
@@ -222,6 +250,8 @@ class PolicyDeployment:
         return outcomes
 
     def _run_model(self, batch: ModelBatch) -> ChunkResult:
+        if self._threads is not None:
+            self._threads.use_for(len(batch))
         if self.return_latents:
             return self.pipeline.generate(batch, return_latents=True)
         return self.pipeline.generate(batch)

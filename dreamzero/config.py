@@ -119,6 +119,7 @@ class PipelineConfig:
     default_seed: int = 1140
     num_frames: int = 33  # frames of the conditioning window (8 * max_chunk_size + 1)
     model_input_hw: tuple[int, int] | None = None  # in-model bilinear resize of the input (5B: 160x320); None: as sent
+    prompt_cache_size: int = 32  # T5 rows of recent prompts shared by all sessions (ours; 0 = encode per session)
 
 
 @dataclass
@@ -174,6 +175,43 @@ def _tiny() -> DreamZeroConfig:
         vae=VAEConfig(base_dim=8, z_dim=16, num_res_blocks=1),
         pipeline=PipelineConfig(model_input_hw=(32, 64)),
     )
+
+
+def validate_pipeline_config(cfg: PipelineConfig) -> None:
+    """Fail early, naming the field, on knobs the loop cannot honour."""
+    if cfg.num_inference_steps < 1:
+        raise ConfigError(f"pipeline.num_inference_steps must be >= 1, got {cfg.num_inference_steps}")
+    if cfg.dit_step_mask is not None:
+        mask = tuple(bool(m) for m in cfg.dit_step_mask)
+        if len(mask) != cfg.num_inference_steps:
+            raise ConfigError(
+                f"pipeline.dit_step_mask has {len(mask)} entries but num_inference_steps is {cfg.num_inference_steps}; "
+                "give one bool per step or null for every step"
+            )
+        if not mask[0]:
+            raise ConfigError("pipeline.dit_step_mask[0] must be true: the first step has no prediction to reuse")
+    if cfg.dynamic_skip_warmup < 1:
+        raise ConfigError(f"pipeline.dynamic_skip_warmup must be >= 1, got {cfg.dynamic_skip_warmup}")
+    for thr, n in cfg.dynamic_skip_thresholds:
+        if not (-1.0 <= thr <= 1.0) or n < 0:
+            raise ConfigError(f"pipeline.dynamic_skip_thresholds entry ({thr}, {n}) needs -1 <= sim <= 1, steps >= 0")
+    if cfg.prompt_cache_size < 0:
+        raise ConfigError(f"pipeline.prompt_cache_size must be >= 0, got {cfg.prompt_cache_size}")
+    if cfg.model_input_hw is not None and (len(cfg.model_input_hw) != 2 or min(cfg.model_input_hw) < 1):
+        raise ConfigError(f"pipeline.model_input_hw must be (height, width) or null, got {cfg.model_input_hw}")
+
+
+def apply_overrides(config: PipelineConfig, overrides: dict | None) -> PipelineConfig:
+    """PipelineConfig with fields replaced by name; unknown names fail with the known ones."""
+    if not overrides:
+        return config
+    known = {f.name for f in dataclasses.fields(PipelineConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(f"unknown pipeline override(s) {unknown}; known: {sorted(known)}")
+    out = dataclasses.replace(config, **overrides)
+    validate_pipeline_config(out)
+    return out
 
 
 PRESETS = {"droid_14b": _droid_14b, "libero_5b": _libero_5b, "tiny": _tiny}

@@ -20,10 +20,9 @@ one position nothing is padded and the unmasked path runs exactly as upstream's.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dreamzero.config import DiTConfig, PipelineConfig
+from dreamzero.config import DiTConfig, PipelineConfig, apply_overrides, validate_pipeline_config  # noqa: F401 (re-exported)
 from dreamzero.embodiments.transforms import NEGATIVE_PROMPT as DEFAULT_NEGATIVE_PROMPT
 from dreamzero.errors import ConfigError, InvalidObservation
 from dreamzero.model.dit import CausalWanDiT
@@ -48,28 +47,6 @@ _MASK_CHANNELS = 4  # `y` = 4 first-frame mask channels + z latent channels (i2v
 # ----------------------------------------------------------------------------------------------------------------------
 # 1. Config checks and the step plan
 # ----------------------------------------------------------------------------------------------------------------------
-
-
-def validate_pipeline_config(cfg: PipelineConfig) -> None:
-    """Fail early, naming the field, on knobs the loop cannot honour."""
-    if cfg.num_inference_steps < 1:
-        raise ConfigError(f"pipeline.num_inference_steps must be >= 1, got {cfg.num_inference_steps}")
-    if cfg.dit_step_mask is not None:
-        mask = tuple(bool(m) for m in cfg.dit_step_mask)
-        if len(mask) != cfg.num_inference_steps:
-            raise ConfigError(
-                f"pipeline.dit_step_mask has {len(mask)} entries but num_inference_steps is {cfg.num_inference_steps}; "
-                "give one bool per step or null for every step"
-            )
-        if not mask[0]:
-            raise ConfigError("pipeline.dit_step_mask[0] must be true: the first step has no prediction to reuse")
-    if cfg.dynamic_skip_warmup < 1:
-        raise ConfigError(f"pipeline.dynamic_skip_warmup must be >= 1, got {cfg.dynamic_skip_warmup}")
-    for thr, n in cfg.dynamic_skip_thresholds:
-        if not (-1.0 <= thr <= 1.0) or n < 0:
-            raise ConfigError(f"pipeline.dynamic_skip_thresholds entry ({thr}, {n}) needs -1 <= sim <= 1, steps >= 0")
-    if cfg.model_input_hw is not None and (len(cfg.model_input_hw) != 2 or min(cfg.model_input_hw) < 1):
-        raise ConfigError(f"pipeline.model_input_hw must be (height, width) or null, got {cfg.model_input_hw}")
 
 
 class StepPlan:
@@ -332,6 +309,9 @@ class DreamZeroPipeline:
             raise ConfigError("an i2v DiT needs model.image_encoder (CLIP); the model has none")
         p = next(self.dit.parameters())
         self.device, self.dtype = p.device, p.dtype
+        # prompt -> T5 rows [1, text_len, text_dim], LRU: new sessions mostly reuse a few prompts (and every guided
+        # row the same negative prompt), so T5 runs once per prompt rather than once per session
+        self._prompt_rows: OrderedDict[str, torch.Tensor] = OrderedDict()
 
     # -- construction ------------------------------------------------------------------------------------------------
 
@@ -561,11 +541,22 @@ class DreamZeroPipeline:
             todo = [t for t in todo if t[1] == "cond"]
         if not todo:
             return
-        unique = sorted({text for _, _, text in todo})
-        emb = self.model.text_encoder.encode(unique).to(self.device, self.dtype)  # [U, 512, text_dim]
-        lookup = {text: emb[j : j + 1] for j, text in enumerate(unique)}
+        lookup = {}
+        for text in dict.fromkeys(text for _, _, text in todo):
+            if text in self._prompt_rows:
+                self._prompt_rows.move_to_end(text)
+                lookup[text] = self._prompt_rows[text]
+        unique = sorted({text for _, _, text in todo} - lookup.keys())
+        if unique:
+            emb = self.model.text_encoder.encode(unique).to(self.device, self.dtype)  # [U, 512, text_dim]
+            for j, text in enumerate(unique):
+                lookup[text] = emb[j : j + 1].clone()  # own storage: neither a session nor the cache pins the batch
+                if self.config.prompt_cache_size:
+                    self._prompt_rows[text] = lookup[text]
+            while len(self._prompt_rows) > self.config.prompt_cache_size:
+                self._prompt_rows.popitem(last=False)
         for r, branch, text in todo:
-            r.state.text_cache[branch] = lookup[text].clone()  # a session must not pin the batch tensor
+            r.state.text_cache[branch] = lookup[text]  # read-only: sessions share the rows of one prompt
 
     @property
     def _guided(self) -> bool:
@@ -723,16 +714,3 @@ class DreamZeroPipeline:
                 start_frame=starts,
                 y=y,
             )
-
-
-def apply_overrides(config: PipelineConfig, overrides: dict | None) -> PipelineConfig:
-    """PipelineConfig with fields replaced by name; unknown names fail with the known ones."""
-    if not overrides:
-        return config
-    known = {f.name for f in dataclasses.fields(PipelineConfig)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ConfigError(f"unknown pipeline override(s) {unknown}; known: {sorted(known)}")
-    out = dataclasses.replace(config, **overrides)
-    validate_pipeline_config(out)
-    return out

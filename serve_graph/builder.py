@@ -94,6 +94,8 @@ def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
         max_batch_size=cfg.batching.max_batch_size,
         batch_wait_timeout_s=cfg.batching.batch_wait_timeout_s,
         return_latents=cfg.return_latents,
+        torch_threads=cfg.policy.torch_threads,
+        rows_per_thread=cfg.policy.rows_per_thread,
     )
     ingress_cls = serve.ingress()(IngressDeployment)  # the ASGI app is built per replica by the class itself
     # The key is resolved here: the ingress replica's process may not see the env var named by api_key_env.

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dreamzero.config import PipelineConfig
+from dreamzero.config import PipelineConfig, apply_overrides
 from dreamzero.errors import ConfigError
 
 MIB = 1024 * 1024
@@ -69,6 +69,15 @@ class PolicyArgs(_Strict):
     num_replicas: int = Field(1, ge=1, description="Fixed replica count; ignored when `autoscaling` is set.")
     num_gpus: float = Field(0.0, ge=0, description="GPUs per replica: 1 on a GPU machine, 0 for the CPU default.")
     num_cpus: float = Field(0.0, ge=0, description="CPUs reserved per replica.")
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="Most torch intra-op threads of a CPU replica's model call (one per `rows_per_thread` rows of "
+        "the call); null: Ray's default, num_cpus or 1.",
+    )
+    rows_per_thread: int = Field(
+        4, ge=1, description="Rows of a CPU model call per torch thread, up to `torch_threads` (small calls: 1 thread)."
+    )
     autoscaling: AutoscalingArgs | None = Field(None, description="Autoscaling instead of a fixed replica count.")
     max_ongoing_requests: int = Field(
         16, ge=1, description="Requests one replica runs at once (dynamic batching draws from these)."
@@ -176,6 +185,10 @@ class AppArgs(_Strict):
                 close = difflib.get_close_matches(key, known, n=1)
                 hint = f" Did you mean {close[0]!r}?" if close else ""
                 raise ValueError(f"unknown pipeline knob {key!r}; known: {known}.{hint}")
+        try:  # values too, at start rather than in the replica: e.g. a step mask of the wrong length
+            apply_overrides(PipelineConfig(), v)
+        except (ConfigError, TypeError, ValueError) as exc:
+            raise ValueError(str(exc)) from exc
         return v
 
     @model_validator(mode="after")

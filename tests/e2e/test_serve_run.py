@@ -1,6 +1,9 @@
-"""`serve run serve_config.yaml` as a user runs it: a subprocess, /health within a bound, one real request, SIGTERM.
+"""`serve run serve_config.yaml` as a user runs it: a subprocess, /health within a bound, real requests, SIGTERM.
 
-The shipped config is used as is, except the HTTP port (a free one) so parallel runs do not collide.
+The shipped config is used as is, except the HTTP port (a free one) so parallel runs do not collide. Both front doors
+are covered: Serve's Python proxy (the default) and HAProxy (`RAY_SERVE_ENABLE_HA_PROXY=1` in the environment of
+`serve run`, docs/serving.md "Front door"): the HTTP route in msgpack, a malformed body, and an OpenPI WebSocket
+episode must behave the same behind either.
 """
 
 from __future__ import annotations
@@ -20,11 +23,13 @@ import numpy as np
 import pytest
 import yaml
 
+from clients.openpi_client import OpenPIClient
 from tests.graph.helpers import decode, raw_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+JSON = {"content-type": "application/json"}
 HEALTH_TIMEOUT_S = 300
 REQUEST_TIMEOUT_S = 300
 
@@ -63,7 +68,22 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
     pytest.fail(f"/health not 200 within {HEALTH_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
 
 
-def test_serve_run_serves_the_shipped_config(tmp_path):
+def _ws_obs(seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    img = lambda: rng.integers(0, 256, (180, 320, 3), dtype=np.uint8)  # noqa: E731
+    return {
+        "observation/exterior_image_0_left": img(),
+        "observation/exterior_image_1_left": img(),
+        "observation/wrist_image_left": img(),
+        "observation/joint_position": rng.uniform(-1, 1, 7).astype(np.float32),
+        "observation/gripper_position": np.array([0.0], np.float32),
+        "prompt": "pick up the cup",
+        "session_id": "e2e-ws",
+    }
+
+
+@pytest.mark.parametrize("front_door", ["serve-proxy", "haproxy"])
+def test_serve_run_serves_the_shipped_config(tmp_path, front_door):
     port = _free_port()
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["http_options"].update({"host": "127.0.0.1", "port": port})
@@ -72,6 +92,13 @@ def test_serve_run_serves_the_shipped_config(tmp_path):
     ray_tmp = tempfile.mkdtemp(prefix="rayE2E", dir="/tmp")  # short path: Ray's socket paths have a length limit
     env = {**os.environ, "RAY_TMPDIR": ray_tmp, "RAY_AUTH_MODE": "disabled", "RAY_ADDRESS": ""}
     env.pop("RAY_ADDRESS")
+    if front_door == "haproxy":
+        # HAProxy's config and admin socket default to fixed paths under /tmp: private ones, so runs cannot collide
+        env |= {
+            "RAY_SERVE_ENABLE_HA_PROXY": "1",
+            "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{ray_tmp}/haproxy/haproxy.cfg",
+            "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{ray_tmp}/haproxy/admin.sock",
+        }
     log = tmp_path / "serve_run.log"
     serve_bin = Path(sys.executable).with_name("serve")
     with log.open("wb") as out:
@@ -82,16 +109,25 @@ def test_serve_run_serves_the_shipped_config(tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(base, proc, log)
+        if front_door == "haproxy":  # really behind HAProxy: its process runs with our private config
+            argv0 = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] for pid in _pids_using(ray_tmp)]
+            assert any(a.endswith(b"haproxy") for a in argv0), argv0
         with httpx.Client(timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
             resp = client.post(
                 base + "/v1/actions/generations",
                 content=raw_body(["e2e-robot"]),
                 headers={"content-type": "application/msgpack", "accept": "application/msgpack"},
             )
-        assert resp.status_code == 200, resp.content[:500]
-        out = decode(resp.content)
-        assert np.asarray(out["data"][0]["action"]["values"]).shape == (1, 24, 8)
-        assert out["sessions"][0]["restart_reason"] == "new_session"
+            assert resp.status_code == 200, resp.content[:500]
+            out = decode(resp.content)
+            assert np.asarray(out["data"][0]["action"]["values"]).shape == (1, 24, 8)
+            assert out["sessions"][0]["restart_reason"] == "new_session"
+            bad = client.post(base + "/v1/actions/generations", content=b"{not json", headers=JSON)
+            assert bad.status_code == 400 and "traceback" not in bad.text.lower(), bad.text[:300]
+        with OpenPIClient(f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi", timeout_s=REQUEST_TIMEOUT_S) as ws:
+            assert ws.get_server_metadata()["needs_session_id"] is True
+            steps = [ws.infer(_ws_obs(i))["session"]["step"] for i in range(2)]
+            assert steps == [1, 2]
         proc.send_signal(signal.SIGTERM)  # a backgrounded `serve run` ignores SIGINT
         assert proc.wait(timeout=90) is not None
     finally:

@@ -38,12 +38,29 @@ def test_defaults_are_the_cpu_embedded_model():
         ({"policy": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}, "raise max_replicas"),
         ({"api_key_env": "DREAMZERO_TEST_UNSET_KEY"}, "export it first"),
         ({"sessions": {"max_sessions": 0}}, "args.sessions.max_sessions"),
+        ({"policy": {"torch_threads": 0}}, "args.policy.torch_threads"),
+        ({"pipeline": {"prompt_cache_size": -1}}, "prompt_cache_size"),
+        ({"pipeline": {"dit_step_mask": [True, False]}}, "dit_step_mask has 2 entries"),
     ],
 )
 def test_invalid_args_fail_with_a_fix(args, needle):
     with pytest.raises(errors.ConfigError) as info:
         parse_app_args(args)
     assert needle in str(info.value)
+
+
+def test_cpu_threads_grow_with_the_rows_of_a_call(monkeypatch):
+    """One torch thread per `rows_per_thread` rows, at most `torch_threads`; set only when the count changes."""
+    import torch
+
+    from deployments.policy import CpuThreads
+
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    threads = CpuThreads(max_threads=2, rows_per_thread=4)
+    assert [threads.use_for(n) for n in (1, 3, 4, 8, 16, 7, 1)] == [1, 1, 1, 2, 2, 1, 1]
+    assert calls == [1, 2, 1]
+    assert CpuThreads(3, 1).for_rows(2) == 2 and CpuThreads(3, 1).for_rows(9) == 3
 
 
 def test_unknown_embodiment_fails_at_build_time():

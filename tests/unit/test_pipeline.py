@@ -403,6 +403,31 @@ def test_bad_config_names_the_field(model):
         make_pipe(model, dit_step_mask=(True,) * 8)
     with pytest.raises(ConfigError, match="unknown pipeline override"):
         make_pipe(model, cfg_scal=3.0)
+    with pytest.raises(ConfigError, match="prompt_cache_size"):
+        make_pipe(model, prompt_cache_size=-1)
+
+
+@pytest.mark.parametrize("cache_size", [0, 2])
+def test_prompts_are_encoded_once_across_sessions(model, cache_size):
+    """New sessions reuse the T5 rows of prompts seen before (the negative prompt above all); the cache is an LRU of
+    `prompt_cache_size` prompts, and 0 turns it off."""
+    encoded: list[str] = []
+    real = model.text_encoder.encode
+    text = SimpleNamespace(encode=lambda prompts: (encoded.extend(prompts), real(prompts))[1], text_len=512)
+    pipe = make_pipe(SimpleNamespace(**{**vars(model), "text_encoder": text}), prompt_cache_size=cache_size)
+    first = pipe.generate(make_batch(["a", "b"], prompts=["stack the cups"] * 2))
+    pipe.generate(make_batch(["c"], prompts=["stack the cups"]))
+    pipe.generate(make_batch(["d"], prompts=["open the drawer"]))
+    pipe.generate(make_batch(["e"], prompts=["wipe the table"]))  # the LRU (size 2) drops "stack the cups"
+    pipe.generate(make_batch(["f"], prompts=["stack the cups"]))
+    negative = pipe.store.lookup("a")[0].negative_prompt
+    if cache_size:
+        assert encoded == [negative, "stack the cups", "open the drawer", "wipe the table", "stack the cups"]
+    else:
+        assert encoded.count(negative) == 5 and encoded.count("stack the cups") == 3
+    # the cache changes no number
+    ref = make_pipe(model, prompt_cache_size=0).generate(make_batch(["a", "b"], prompts=["stack the cups"] * 2))
+    np.testing.assert_array_equal(ref.actions, first.actions)
 
 
 def test_ti2v_variant_has_no_first_frame_conditioning():
