@@ -71,6 +71,19 @@ def deploy(base_url: str, args: dict, name: str = "bench", route_prefix: str = "
     raise TimeoutError(f"{url}/health not 200 within {timeout_s} s")
 
 
+def front_door(proxy_fast_path: bool = False, haproxy: bool = False) -> str:
+    """How the benchmark's HTTP front door was started, for the report, and the flags that reproduce it."""
+    if haproxy:
+        return "HAProxy front door (`RAY_SERVE_ENABLE_HA_PROXY=1`, docs/serving.md)"
+    if proxy_fast_path:
+        return "Serve proxy started with `RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0` (docs/serving.md)"
+    return "Serve proxy with Ray's defaults"
+
+
+def front_door_flags(proxy_fast_path: bool = False, haproxy: bool = False) -> str:
+    return (" --proxy-fast-path" if proxy_fast_path else "") + (" --haproxy" if haproxy else "")
+
+
 def stop_serve() -> None:
     import ray
     from ray import serve

@@ -25,6 +25,8 @@ from serving_common import (  # noqa: E402
     MSGPACK,
     deploy,
     droid_observation,
+    front_door,
+    front_door_flags,
     machine_line,
     normalised_observation,
     percentile,
@@ -105,13 +107,9 @@ def run(form: str, base_url: str, n: int, warmup: int) -> dict:
     return {"form": form, "n": n, "walls": walls, "hops": hops}
 
 
-def report(results: list[dict], proxy_fast_path: bool) -> str:
+def report(results: list[dict], proxy_fast_path: bool, haproxy: bool = False) -> str:
     h, w = tiny_canvas()
-    proxy = (
-        "proxy started with `RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0` (as in docs/serving.md)"
-        if proxy_fast_path
-        else "proxy with Ray's defaults"
-    )
+    proxy = front_door(proxy_fast_path, haproxy)
     lines = [
         f"Tiny embedded model (random weights, shipped pipeline defaults), normalised canvas {h}x{w} (the model's "
         "input size), raw DROID 3x180x320; shipped replica settings (`serve_graph.builder.REPLICA_ENV`), "
@@ -143,7 +141,7 @@ def report(results: list[dict], proxy_fast_path: bool) -> str:
     lines += [
         "",
         f"{results[0]['n']} measured calls per side after warm-up, interleaved. Reproduce: "
-        f"`python benchmarks/serving_overhead.py{' --proxy-fast-path' if proxy_fast_path else ''} --write-docs`.",
+        f"`python benchmarks/serving_overhead.py{front_door_flags(proxy_fast_path, haproxy)} --write-docs`.",
     ]
     return "\n".join(lines)
 
@@ -158,6 +156,7 @@ def main(argv=None) -> int:
         action="store_true",
         help="start Ray with RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0, as a user starts `serve run` (docs/serving.md)",
     )
+    ap.add_argument("--haproxy", action="store_true", help="start Ray with RAY_SERVE_ENABLE_HA_PROXY=1 (HAProxy front)")
     ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the section into this file")
     args = ap.parse_args(argv)
     import torch
@@ -166,13 +165,13 @@ def main(argv=None) -> int:
     # thread (OMP_NUM_THREADS=1). Two threads here would also leave OpenMP workers spinning after each embedded call,
     # on the very cores the next served request needs (on 2 cores that alone added ~5 ms to every served request).
     torch.set_num_threads(1)
-    base_url = start_serve(proxy_fast_path=args.proxy_fast_path)
+    base_url = start_serve(proxy_fast_path=args.proxy_fast_path, haproxy=args.haproxy)
     try:
         deploy(base_url, BASE_ARGS)
         results = [run(form, base_url, args.requests, args.warmup) for form in args.forms.split(",")]
     finally:
         stop_serve()
-    text = report(results, args.proxy_fast_path)
+    text = report(results, args.proxy_fast_path, args.haproxy)
     print(text)
     if args.write_docs:
         write_section(

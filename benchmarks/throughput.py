@@ -25,6 +25,8 @@ from serving_common import (  # noqa: E402
     GEN,
     MSGPACK,
     deploy,
+    front_door,
+    front_door_flags,
     machine_line,
     normalised_observation,
     percentile,
@@ -109,24 +111,27 @@ def main(argv=None) -> int:
                 results[mode].append(max(runs[mode], key=lambda m: m["rps"]))
     finally:
         stop_serve()
-    ceiling = model_batching_ceiling(max(levels))
-    text = report(results, args.chunks, ceiling, args.batch_wait_s)
+    ceiling = model_batching_ceiling(sorted({8, max(levels)}), args.torch_threads)
+    text = report(results, args, ceiling)
     print(text)
     if args.write_docs:
         write_section(Path(args.write_docs), "Throughput", "Written by `benchmarks/throughput.py`.\n\n" + text)
     return 0
 
 
-def model_batching_ceiling(rows: int, repeats: int = 5) -> dict[int, float]:
-    """ms per row of one continuing chunk, model only (in-process), for 1 and `rows` rows: what batching can gain."""
+def model_batching_ceiling(sizes: list[int], torch_threads: int, repeats: int = 5) -> dict[int, float]:
+    """ms per row of one continuing chunk, model only (in-process), alone and in batches of `sizes` rows, with the
+    threads the policy replica would use for each (`CpuThreads`): what batching can gain for this model here."""
     import numpy as np
 
+    from deployments.policy import CpuThreads
     from dreamzero.pipeline import DreamZeroPipeline
     from dreamzero.types import ModelBatch
 
-    pipeline = DreamZeroPipeline.load(None, device="cpu", max_sessions=4 * rows)
+    threads = CpuThreads(torch_threads, rows_per_thread=4)
+    pipeline = DreamZeroPipeline.load(None, device="cpu", max_sessions=4 * max(sizes))
     out = {}
-    for n in (1, rows):
+    for n in (1, *sizes):
         ids = [f"ceiling-{n}-{i}" for i in range(n)]
         obs = [normalised_observation(1 if k == 0 else 4, seed=k) for k in range(repeats + 1)]
         times = []
@@ -135,6 +140,7 @@ def model_batching_ceiling(rows: int, repeats: int = 5) -> dict[int, float]:
                 images=np.repeat(o["images"], n, 0), state=np.repeat(o["state"], n, 0),
                 state_mask=np.repeat(o["state_mask"], n, 0), prompts=["pick up the cup"] * n, session_ids=ids,
             )  # fmt: skip
+            threads.use_for(n)
             t0 = time.perf_counter()
             pipeline.generate(batch)
             if k > 0:  # continuing chunks only (the first call starts the sessions)
@@ -143,12 +149,17 @@ def model_batching_ceiling(rows: int, repeats: int = 5) -> dict[int, float]:
     return out
 
 
-def report(results: dict[str, list[dict]], chunks: int, ceiling: dict[int, float], wait_s: float) -> str:
+def report(results: dict[str, list[dict]], args: argparse.Namespace, ceiling: dict[int, float]) -> str:
     h, w = tiny_canvas()
+    threads = (
+        f"`policy.torch_threads` {args.torch_threads} (one thread per 4 rows of a call)"
+        if args.torch_threads > 1
+        else "one torch thread"
+    )
     lines = [
-        f"Tiny embedded model, one policy replica on CPU, normalised form {h}x{w} (the model's input size), {chunks} "
-        f"chunks per client, best of "
-        f"alternating runs, `batch_wait_timeout_s` {wait_s}; {machine_line()}.",
+        f"Tiny embedded model, one policy replica on CPU ({threads}), normalised form {h}x{w} (the model's input "
+        f"size), {args.chunks} chunks per client, best of {args.repeats} alternating runs, `batch_wait_timeout_s` "
+        f"{args.batch_wait_s}; {front_door(args.proxy_fast_path, args.haproxy)}; {machine_line()}.",
         "",
         "| clients | batching on: chunks/s | p50 ms | batching off: chunks/s | p50 ms | on / off |",
         "|---|---|---|---|---|---|",
@@ -161,14 +172,19 @@ def report(results: dict[str, list[dict]], chunks: int, ceiling: dict[int, float
     base_on = results["on"][0]["rps"]
     scale = ", ".join(f"{r['clients']} clients {r['rps'] / base_on:.2f}x" for r in results["on"])
     lines += ["", f"Batching on, throughput relative to 1 client: {scale}.", ""]
-    (n1, t1), (nb, tb) = sorted(ceiling.items())
+    t1 = ceiling[1]
+    batched = ", ".join(
+        f"{ceiling[n]:.0f} ms per row in a batch of {n} ({t1 / ceiling[n]:.2f}x)" for n in ceiling if n > 1
+    )
     lines += [
-        f"Model only, same run, in-process: a continuing chunk costs {t1:.0f} ms per row alone and {tb:.0f} ms per "
-        f"row in a batch of {nb} ({t1 / tb:.2f}x). That ratio bounds what batching can gain for this model on this "
-        "machine (its VAE and denoiser are compute-bound on CPU); the served on/off ratio is measured against it.",
+        f"Model only, same run, in-process, threads as the replica uses them: a continuing chunk costs {t1:.0f} ms "
+        f"per row alone, {batched}. That ratio bounds what batching can gain for this model on this machine (its VAE "
+        "and denoiser are compute-bound on CPU); the served on/off ratio is measured against it.",
         "",
     ]
-    lines.append("Reproduce: `python benchmarks/throughput.py --write-docs`.")
+    flags = front_door_flags(args.proxy_fast_path, args.haproxy)
+    flags += f" --torch-threads {args.torch_threads} --chunks {args.chunks} --repeats {args.repeats}"
+    lines.append(f"Reproduce: `python benchmarks/throughput.py{flags} --write-docs`.")
     return "\n".join(lines)
 
 

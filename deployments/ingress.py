@@ -71,12 +71,25 @@ async def _bounded(awaitable: Any, timeout_s: float) -> Any:
         raise
 
 
+def _over_grpc(handle: Any) -> Any:
+    """The handle with Serve's gRPC transport between replicas instead of Ray actor calls (`_by_reference=False`).
+
+    Measured on the 2-core box: ~10 ms less dead time per batch cycle of 8 closed-loop clients (the model idle while
+    responses leave and the next requests arrive). The option lives on the handle the controller built, so it is set
+    here rather than by environment. Local testing mode's handles have no such option and are returned as they are.
+    """
+    try:
+        return handle.options(_by_reference=False)
+    except TypeError:
+        return handle
+
+
 class IngressDeployment:
     """Plain class; `build_app` wraps it with `serve.ingress()` (the ASGI app is built per replica)."""
 
     def __init__(self, preprocess: Any, policy: Any, postprocess: Any, args: dict):
         self.cfg = parse_app_args(args)
-        self.preprocess, self.policy, self.postprocess = preprocess, policy, postprocess
+        self.preprocess, self.policy, self.postprocess = (_over_grpc(h) for h in (preprocess, policy, postprocess))
         self.embodiment = load_embodiment(self.cfg.embodiment, self.cfg.metadata_path, self.cfg.model_path)
         self.key_map = openpi_key_map(self.embodiment)
         self.api_key = self.cfg.resolved_api_key
