@@ -95,7 +95,7 @@ def run(form: str, base_url: str, n: int, warmup: int) -> dict:
             walls["served"].append(wall)
             walls["served minus its model call"].append(wall - t["model.model_call"])
             split = {
-                "client <-> proxy <-> ingress (HTTP, encode)": wall - t["ingress_total"],
+                "client <-> front door <-> ingress (HTTP, encode)": wall - t["ingress_total"],
                 "ingress decode + validate": t["decode"],
                 "preprocess hop (incl. transforms)": t.get("preprocess", 0.0),
                 "ingress <-> policy hop (queue, batching wait, transfer)": t["policy"] - t["model.model_call"],
