@@ -27,7 +27,13 @@ from serve_graph.routing import sticky_router_config
 #: and loops on each request. Our code never blocks those loops for long (the model runs on its own thread), and on the
 #: 2-core benchmark machine this cut the served path's overhead by ~5 ms a request. The proxy's half is set by
 #: starting `serve run` with RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0 (docs/serving.md).
-REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+#: The ingress reaches the other deployments over Serve's gRPC transport (deployments/ingress.py), whose messages are
+#: capped at 4 MB by default on both ends: a few DROID frames exceed that. The HTTP body limit bounds them instead.
+REPLICA_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": str(2**31 - 1),
+}
 
 #: deployment names (stable: tests, metrics dashboards and `deployments:` overrides in YAML refer to them)
 INGRESS, PREPROCESS, POLICY, POSTPROCESS = "Ingress", "Preprocess", "Policy", "Postprocess"

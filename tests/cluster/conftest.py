@@ -115,7 +115,7 @@ API_KEY = "test-key-123"
 FRONT_DOOR_ARGS = {
     **BASE_ARGS,
     "api_key": API_KEY,
-    "http": {"max_body_bytes": 4 * 1024 * 1024, "ws_max_message_bytes": 2 * 1024 * 1024, "ws_idle_timeout_s": 4.0},
+    "http": {"max_body_bytes": 8 * 1024 * 1024, "ws_max_message_bytes": 2 * 1024 * 1024, "ws_idle_timeout_s": 4.0},
 }
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

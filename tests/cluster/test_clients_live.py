@@ -17,7 +17,7 @@ from clients.errors import AuthenticationError, BadRequestError
 from clients.http_client import ActionClient
 from clients.openpi_client import OpenPIClient
 from tests.cluster.conftest import API_KEY
-from tests.graph.helpers import droid_raw_observation
+from tests.graph.helpers import droid_raw_observation, openpi_droid_observation
 
 pytestmark = pytest.mark.cluster
 
@@ -120,20 +120,6 @@ def test_http_client_typed_errors_on_4xx(front_door):
         assert info.value.status == 401
 
 
-def _ws_obs(seed: int, session_id: str) -> dict:
-    rng = np.random.default_rng(seed)
-    img = lambda: rng.integers(0, 256, (180, 320, 3), dtype=np.uint8)  # noqa: E731
-    return {
-        "observation/exterior_image_0_left": img(),
-        "observation/exterior_image_1_left": img(),
-        "observation/wrist_image_left": img(),
-        "observation/joint_position": rng.uniform(-1, 1, 7).astype(np.float32),
-        "observation/gripper_position": np.array([0.0], np.float32),
-        "prompt": PROMPT,
-        "session_id": session_id,
-    }
-
-
 def test_openpi_client_episode_with_reset(front_door):
     port = front_door.rsplit(":", 1)[1]
     with OpenPIClient(
@@ -144,11 +130,11 @@ def test_openpi_client_episode_with_reset(front_door):
         assert meta["action_space"] == "joint_position"
         sessions = []
         for i in range(3):
-            reply = client.infer(_ws_obs(i, "ep-1"))
+            reply = client.infer(openpi_droid_observation(i, "ep-1", PROMPT))
             assert reply["actions"].shape == (24, 8) and np.isfinite(reply["actions"]).all()
             sessions.append(reply["session"])
         assert [s["step"] for s in sessions] == [1, 2, 3]
         assert sessions[0]["restart_reason"] == "new_session" and sessions[1]["restarted"] is False
         assert client.reset()["status"]
-        after = client.infer(_ws_obs(7, "ep-1"))["session"]
+        after = client.infer(openpi_droid_observation(7, "ep-1", PROMPT))["session"]
         assert after["restarted"] and after["step"] == 1

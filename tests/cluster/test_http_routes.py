@@ -59,6 +59,16 @@ def test_raw_form_droid(http, front_door):
     assert {"decode", "preprocess", "policy", "postprocess"} <= set(out["timings"])
 
 
+def test_large_raw_request_crosses_the_replicas(http, front_door):
+    """A raw body of several MB (3 robots x 4 frames x 3 cameras) passes ingress -> preprocess -> policy: Serve's
+    gRPC transport between replicas caps messages at 4 MB unless the builder raises it (REPLICA_ENV)."""
+    body = raw_body([f"big-{i}" for i in range(3)], t=4)
+    assert len(body) > 5 * 1024 * 1024
+    resp = post(http, front_door, body)
+    assert resp.status_code == 200, resp.text[:500]
+    assert np.asarray(decode(resp.content)["data"][0]["action"]["values"]).shape == (3, 24, 8)
+
+
 @pytest.mark.parametrize(
     "headers",
     [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic dGVzdC1rZXktMTIz"}],

@@ -67,7 +67,7 @@ def _with_obs(key: str, value) -> bytes:
     }}})  # fmt: skip
 
 
-BIG = 5 * 1024 * 1024  # over the 4 MiB test limit
+BIG = 9 * 1024 * 1024  # over the 8 MiB test limit
 
 # (id, body, content type, expected status, field expected in the error or None)
 CORPUS = [

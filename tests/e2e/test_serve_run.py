@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from clients.openpi_client import OpenPIClient
-from tests.graph.helpers import decode, raw_body
+from tests.graph.helpers import decode, openpi_droid_observation, raw_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -66,20 +66,6 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path) -> None:
                 pass
             time.sleep(1.0)
     pytest.fail(f"/health not 200 within {HEALTH_TIMEOUT_S} s:\n{log.read_text()[-3000:]}")
-
-
-def _ws_obs(seed: int) -> dict:
-    rng = np.random.default_rng(seed)
-    img = lambda: rng.integers(0, 256, (180, 320, 3), dtype=np.uint8)  # noqa: E731
-    return {
-        "observation/exterior_image_0_left": img(),
-        "observation/exterior_image_1_left": img(),
-        "observation/wrist_image_left": img(),
-        "observation/joint_position": rng.uniform(-1, 1, 7).astype(np.float32),
-        "observation/gripper_position": np.array([0.0], np.float32),
-        "prompt": "pick up the cup",
-        "session_id": "e2e-ws",
-    }
 
 
 @pytest.mark.parametrize("front_door", ["serve-proxy", "haproxy"])
@@ -126,7 +112,7 @@ def test_serve_run_serves_the_shipped_config(tmp_path, front_door):
             assert bad.status_code == 400 and "traceback" not in bad.text.lower(), bad.text[:300]
         with OpenPIClient(f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi", timeout_s=REQUEST_TIMEOUT_S) as ws:
             assert ws.get_server_metadata()["needs_session_id"] is True
-            steps = [ws.infer(_ws_obs(i))["session"]["step"] for i in range(2)]
+            steps = [ws.infer(openpi_droid_observation(i, "e2e-ws"))["session"]["step"] for i in range(2)]
             assert steps == [1, 2]
         proc.send_signal(signal.SIGTERM)  # a backgrounded `serve run` ignores SIGINT
         assert proc.wait(timeout=90) is not None

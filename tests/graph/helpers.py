@@ -17,6 +17,21 @@ def droid_raw_observation(b: int = 1, t: int = 1, seed: int = 0) -> dict[str, np
     return obs
 
 
+def openpi_droid_observation(seed: int, session_id: str, prompt: str = "pick up the cup") -> dict:
+    """One OpenPI DROID frame as an openpi client sends it (flat `observation/...` keys, one unbatched step)."""
+    rng = np.random.default_rng(seed)
+    img = lambda: rng.integers(0, 256, (180, 320, 3), dtype=np.uint8)  # noqa: E731
+    return {
+        "observation/exterior_image_0_left": img(),
+        "observation/exterior_image_1_left": img(),
+        "observation/wrist_image_left": img(),
+        "observation/joint_position": rng.uniform(-1, 1, 7).astype(np.float32),
+        "observation/gripper_position": np.array([0.0], np.float32),
+        "prompt": prompt,
+        "session_id": session_id,
+    }
+
+
 def normalised_observation(b: int = 2, t: int = 1, hw: tuple[int, int] = (64, 128), seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     mask = np.zeros((b, 1, 64), bool)
