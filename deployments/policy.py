@@ -3,8 +3,8 @@
 Concurrent requests are merged by a continuous batcher (`deployments.batcher`: a batch forms when the model is free,
 waiting at most `batch_wait_timeout_s` for the clients of the previous batch) into as few model calls as possible.
 Requests are only merged when their arrays stack (same frame count and canvas size) and when they share no session
-(one in-flight step per session, in arrival order). The pipeline itself groups rows further into compatible forward
-passes. A failing group fails only its own requests.
+(one in-flight step per session, in arrival order). Inside a model call every row shares the same forwards, whatever
+its session's frame position (restarting rows add one prefill). A failing group fails only its own requests.
 """
 
 from __future__ import annotations
@@ -175,6 +175,7 @@ class PolicyDeployment:
     def __init__(
         self,
         model_path: str | None = None,
+        tokenizer_path: str | None = None,
         device: str = "cpu",
         dtype: str | None = None,
         pipeline_overrides: dict | None = None,
@@ -191,6 +192,7 @@ class PolicyDeployment:
         self._threads = CpuThreads(torch_threads, rows_per_thread) if torch_threads and device == "cpu" else None
         self.pipeline = load_pipeline(
             model_path=model_path,
+            tokenizer_path=tokenizer_path,
             device=device,
             dtype=dtype,
             overrides=pipeline_overrides or None,

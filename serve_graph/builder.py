@@ -91,6 +91,7 @@ def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
     )
     policy = serve.deployment(PolicyDeployment, **policy_options(cfg)).bind(
         model_path=cfg.model_path,
+        tokenizer_path=cfg.tokenizer_path,
         device=cfg.resolved_device,
         dtype=cfg.dtype,
         pipeline_overrides=dict(cfg.pipeline),

@@ -127,6 +127,11 @@ class AppArgs(_Strict):
     model_path: str | None = Field(
         None, description="Checkpoint directory (HF layout with config.json); null builds the embedded tiny model."
     )
+    tokenizer_path: str | None = Field(
+        None,
+        description="Local google/umt5-xxl tokenizer directory for a real checkpoint; default: "
+        "<model_path>/tokenizer/, else $DREAMZERO_TOKENIZER_PATH (docs/model.md 3.3).",
+    )
     model_name: str = Field("dreamzero", min_length=1, description="Name reported by /v1/models and echoed back.")
     embodiment: str = Field("oxe_droid", min_length=1, description="Embodiment tag used for the raw form and WS.")
     metadata_path: str | None = Field(
@@ -168,6 +173,13 @@ class AppArgs(_Strict):
         if not (path / "config.json").is_file():
             raise ValueError(f"{v!r} has no config.json; point model_path at the checkpoint root (HF layout)")
         return str(path)
+
+    @field_validator("tokenizer_path")
+    @classmethod
+    def _tokenizer_dir_exists(cls, v: str | None) -> str | None:
+        if v is not None and not Path(v).expanduser().is_dir():
+            raise ValueError(f"{v!r} is not a directory; point tokenizer_path at a local google/umt5-xxl copy or null")
+        return None if v is None else str(Path(v).expanduser())
 
     @field_validator("metadata_path")
     @classmethod

@@ -40,6 +40,7 @@ def test_defaults_are_the_cpu_embedded_model():
         ({"sessions": {"max_sessions": 0}}, "args.sessions.max_sessions"),
         ({"policy": {"torch_threads": 0}}, "args.policy.torch_threads"),
         ({"pipeline": {"prompt_cache_size": -1}}, "prompt_cache_size"),
+        ({"tokenizer_path": "/nonexistent/umt5"}, "args.tokenizer_path"),
         ({"pipeline": {"dit_step_mask": [True, False]}}, "dit_step_mask has 2 entries"),
     ],
 )
@@ -171,6 +172,27 @@ class _CountingPipeline:
 
     def stats(self):
         return {"live": 0, "evictions": 0}
+
+
+def test_policy_loads_a_checkpoint_whose_tokenizer_lives_elsewhere(tmp_path):
+    """`args.tokenizer_path` reaches the replica's loader: a checkpoint without tokenizer/ serves with it, and fails
+    at start, saying how to get one, without it."""
+    import torch
+
+    from dreamzero.checkpoint import save_model
+    from dreamzero.config import preset
+    from dreamzero.model.dreamzero import DreamZeroModel
+    from dreamzero.model.tokenizer import build_local_tokenizer
+
+    cfg = preset("tiny")
+    save_model(DreamZeroModel.from_config(cfg, seed=3), tmp_path / "ckpt", save_tokenizer=False)
+    build_local_tokenizer(cfg.text_encoder.vocab_size).save_pretrained(tmp_path / "tok")
+    args = parse_app_args({"model_path": str(tmp_path / "ckpt"), "tokenizer_path": str(tmp_path / "tok")})
+    policy = PolicyDeployment(model_path=args.model_path, tokenizer_path=args.tokenizer_path, max_sessions=4)
+    out = asyncio.run(policy.generate(_batch(["tok"])))
+    assert out.result.actions.shape == (1, 24, 32) and torch.isfinite(torch.from_numpy(out.result.actions)).all()
+    with pytest.raises(errors.CheckpointError, match="umt5-xxl"):
+        PolicyDeployment(model_path=args.model_path, max_sessions=4)
 
 
 def test_one_failing_group_fails_only_its_own_requests(monkeypatch):
