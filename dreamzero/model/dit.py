@@ -10,8 +10,9 @@ with S = frame_seqlen tokens per latent frame and A = num_action_per_block.
 
 Self-attention is unmasked (as upstream) unless rows at different frame positions share a forward: queries of the new
 tokens attend to [cached video K/V | new video K/V | register K/V], and front-padded caches are masked (`_key_mask`).
-Cross-attention reads T5 rows padded with zeros to text_len (512): the identical padding keys are folded into one key
-weighted by their count (`CrossContext`), which is exact and skips most of the 512 (see `embed_context`).
+Cross-attention reads T5 rows padded with zeros to text_len (512): with fp32 attention the identical padding keys are
+folded into one key weighted by their count (`CrossContext`), which is exact and skips most of the 512 (see
+`embed_context`).
 The cache holds K after `norm_k` and after RoPE (absolute positions), and is truncated to the attention window
 (max_attention_frames * frame_seqlen video tokens). Attention (unmasked SDPA) runs in the activations' dtype unless
 `attention_dtype` says otherwise: fp32 for an fp32 model (the parity vectors were recorded with fp32 attention;
@@ -453,15 +454,20 @@ class CausalWanDiT(nn.Module):
     def embed_context(self, context: torch.Tensor, clip_feature: torch.Tensor | None = None) -> CrossContext:
         """T5 [B, Lt, text_dim] (+ CLIP [B, 257, image_dim] for i2v) -> cross-attention context [B, (257+)Lt', D].
 
-        The trailing zero (padding) rows all rows share are folded into one (`CrossContext`); Lt' is the longest
-        prompt of the batch plus one. Constant over a chunk's denoising steps: the loop calls this once per chunk.
+        With fp32 attention the trailing zero (padding) rows all rows share are folded into one (`CrossContext`);
+        Lt' is the longest prompt of the batch plus one. Constant over a chunk's denoising steps: the loop calls this
+        once per chunk.
         """
         dtype = self.patch_embedding.weight.dtype
-        real = context.ne(0).any(dim=-1).any(dim=0).nonzero()  # positions where some row has a real token
-        last = int(real[-1]) + 1 if len(real) else 0  # rows [last, Lt) are zero in every row of the batch
-        repeats = context.shape[1] - last
-        if repeats > 1:
-            context = context[:, : last + 1]
+        repeats = 1
+        # fp32 attention only: a bf16 logit offset would round log(count) by up to ~0.016 (1.6% of the padding's
+        # weight), more than upstream's bf16 kernels err; at bf16 model scale the padded keys cost little anyway
+        if (self.attention_dtype or dtype) == torch.float32:
+            real = context.ne(0).any(dim=-1).any(dim=0).nonzero()  # positions where some row has a real token
+            last = int(real[-1]) + 1 if len(real) else 0  # rows [last, Lt) are zero in every row of the batch
+            repeats = context.shape[1] - last
+            if repeats > 1:
+                context = context[:, : last + 1]
         ctx = self.text_embedding(context.to(dtype))
         if self.cfg.has_image_input:
             if clip_feature is None:

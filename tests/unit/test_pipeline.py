@@ -337,6 +337,13 @@ def test_folded_text_padding_equals_attending_to_all_512(model):
     torch.testing.assert_close(a.action, b.action, atol=2e-5, rtol=0)
     # a prompt that fills every position leaves nothing to fold
     assert dit.embed_context(torch.randn(1, cfg.text_len, cfg.text_dim), clip[:1]).text_repeats == 1
+    # bf16 attention keeps all 512 keys: log(count) would not survive bf16 rounding
+    dit.attention_dtype = torch.bfloat16
+    try:
+        kept = dit.embed_context(text, clip)
+    finally:
+        dit.attention_dtype = None
+    assert kept.text_repeats == 1 and kept.emb.shape[1] == 257 + cfg.text_len
 
 
 def test_without_guidance_one_branch(model):
