@@ -121,6 +121,16 @@ class HttpArgs(_Strict):
     retry_after_s: float = Field(1.0, gt=0, description="`Retry-After` sent with 503 when no better hint exists.")
 
 
+def _existing(value: str | None, check, problem: str) -> str | None:
+    """None, or the user-expanded path when `check(path)` holds; else a message ending in how to fix it."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not check(path):
+        raise ValueError(f"{value!r} {problem} or set it to null")
+    return str(path)
+
+
 class AppArgs(_Strict):
     """Everything `build_app` needs. Only `model_path` changes between the CPU default and a GPU deployment."""
 
@@ -177,16 +187,12 @@ class AppArgs(_Strict):
     @field_validator("tokenizer_path")
     @classmethod
     def _tokenizer_dir_exists(cls, v: str | None) -> str | None:
-        if v is not None and not Path(v).expanduser().is_dir():
-            raise ValueError(f"{v!r} is not a directory; point tokenizer_path at a local google/umt5-xxl copy or null")
-        return None if v is None else str(Path(v).expanduser())
+        return _existing(v, Path.is_dir, "is not a directory; point tokenizer_path at a local google/umt5-xxl copy")
 
     @field_validator("metadata_path")
     @classmethod
     def _metadata_exists(cls, v: str | None) -> str | None:
-        if v is not None and not Path(v).expanduser().is_file():
-            raise ValueError(f"{v!r} is not a file; give the path of a metadata.json or set it to null")
-        return None if v is None else str(Path(v).expanduser())
+        return _existing(v, Path.is_file, "is not a file; give the path of a metadata.json")
 
     @field_validator("pipeline")
     @classmethod
