@@ -31,10 +31,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dreamzero.config import DiTConfig, PipelineConfig, apply_overrides, validate_pipeline_config  # noqa: F401 (re-exported)
+from dreamzero.config import (  # noqa: F401 (apply_overrides, validate_pipeline_config: re-exported)
+    DiTConfig,
+    PipelineConfig,
+    apply_overrides,
+    validate_pipeline_config,
+)
 from dreamzero.embodiments.transforms import NEGATIVE_PROMPT as DEFAULT_NEGATIVE_PROMPT
 from dreamzero.errors import ConfigError, InvalidObservation
-from dreamzero.model.dit import CausalWanDiT
+from dreamzero.model.dit import CausalWanDiT, CrossContext
 from dreamzero.model.scheduler import FlowUniPCScheduler
 from dreamzero.sessions import BRANCHES, SessionState, SessionStore
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
@@ -121,7 +126,7 @@ def prefill_block(
     dit: CausalWanDiT,
     latents: torch.Tensor,
     *,
-    context_emb: torch.Tensor,
+    context_emb: CrossContext | torch.Tensor,
     kv_cache: BatchCache | None,
     start_frame: int | list[int],
     y: torch.Tensor | None = None,
@@ -159,7 +164,7 @@ def denoise_block(
     video_noise: torch.Tensor,
     action_noise: torch.Tensor,
     state: torch.Tensor,
-    context_emb: torch.Tensor,
+    context_emb: CrossContext | torch.Tensor,
     kv_cache: BatchCache,
     start_frame: int | list[int],
     y: torch.Tensor | None = None,
@@ -580,7 +585,7 @@ class DreamZeroPipeline:
             )
         return lat
 
-    def _context_emb(self, states: list[SessionState], clip: list[torch.Tensor | None]) -> torch.Tensor:
+    def _context_emb(self, states: list[SessionState], clip: list[torch.Tensor | None]) -> CrossContext:
         """Cross-attention context for the rows of one forward, session-major: [R, (257 +) 512, D]."""
         text = torch.cat([s.text_cache[b] for s in states for b in self._branches])
         img = None
