@@ -420,6 +420,8 @@ class CausalWanDiT(nn.Module):
         # None: attend in the activations' dtype (fp32 model -> fp32, as the parity vectors; bf16 model -> bf16, as
         # upstream's GPU kernels); set torch.float32 to force fp32 attention in a bf16 model (slower, closer to fp32)
         self.attention_dtype: torch.dtype | None = None
+        # fold T5's zero padding into one weighted key (embed_context; fp32 attention only). False: attend to all 512
+        self.fold_text_padding = True
         dim, pt = cfg.dim, tuple(cfg.patch_size)
         cats = 1  # upstream builds one projector category whatever max_num_embodiments says
 
@@ -462,7 +464,7 @@ class CausalWanDiT(nn.Module):
         repeats = 1
         # fp32 attention only: a bf16 logit offset would round log(count) by up to ~0.016 (1.6% of the padding's
         # weight), more than upstream's bf16 kernels err; at bf16 model scale the padded keys cost little anyway
-        if (self.attention_dtype or dtype) == torch.float32:
+        if self.fold_text_padding and (self.attention_dtype or dtype) == torch.float32:
             real = context.ne(0).any(dim=-1).any(dim=0).nonzero()  # positions where some row has a real token
             last = int(real[-1]) + 1 if len(real) else 0  # rows [last, Lt) are zero in every row of the batch
             repeats = context.shape[1] - last
