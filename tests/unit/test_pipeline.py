@@ -344,6 +344,11 @@ def test_folded_text_padding_equals_attending_to_all_512(model):
     finally:
         dit.attention_dtype = None
     assert kept.text_repeats == 1 and kept.emb.shape[1] == 257 + cfg.text_len
+    dit.fold_text_padding = False  # the switch the batching benchmark compares against
+    try:
+        assert dit.embed_context(text, clip).emb.shape[1] == 257 + cfg.text_len
+    finally:
+        dit.fold_text_padding = True
 
 
 def test_without_guidance_one_branch(model):
