@@ -10,6 +10,12 @@ held, whose clients are on their way back, plus those that queued while it ran),
 `wait_s`. A lone client therefore never waits, N closed-loop clients are served as one batch of N (two cohorts that
 got split merge again after one call), and when a client leaves one batch waits the full `wait_s` before the
 expectation follows the new count.
+
+Items for which `wants_company(item)` is true (the policy: requests that start a session) wait up to `wait_s` for a
+full batch even when no company is expected: clients that start together (parallel simulation environments, a fleet
+after a reset) then start in one batch. That matters beyond their first call: a session restarts when its window is
+full, a fixed number of chunks after it started, so sessions started apart keep their expensive restarts in
+different, smaller batches for good. The price is at most `wait_s` on a lone session's first call.
 """
 
 from __future__ import annotations
@@ -28,10 +34,17 @@ Result = TypeVar("Result")
 class ContinuousBatcher(Generic[Item, Result]):
     """`await submit(item)` -> that item's result from `run(list_of_items)`, one `run` at a time, in arrival order."""
 
-    def __init__(self, run: Callable[[list[Item]], Awaitable[list[Result]]], max_batch_size: int, wait_s: float):
+    def __init__(
+        self,
+        run: Callable[[list[Item]], Awaitable[list[Result]]],
+        max_batch_size: int,
+        wait_s: float,
+        wants_company: Callable[[Item], bool] | None = None,
+    ):
         if max_batch_size < 1 or wait_s < 0:
             raise ValueError(f"max_batch_size must be >= 1 and wait_s >= 0, got {max_batch_size}, {wait_s}")
         self._run, self.max_batch_size, self.wait_s = run, max_batch_size, wait_s
+        self._wants_company = wants_company
         self._queue: list[tuple[Item, asyncio.Future]] = []
         self._arrived: asyncio.Event | None = None  # created on the serving loop
         self._worker: asyncio.Task | None = None
@@ -47,6 +60,14 @@ class ContinuousBatcher(Generic[Item, Result]):
         self._arrived.set()
         return await future
 
+    def _target(self) -> int:
+        """How many queued requests the next batch waits for (at most `wait_s`)."""
+        target = min(self.expected, self.max_batch_size)
+        if target < self.max_batch_size and self._wants_company is not None:
+            if any(self._wants_company(item) for item, fut in self._queue if not fut.done()):
+                return self.max_batch_size
+        return target
+
     async def _serve_forever(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
@@ -55,7 +76,7 @@ class ContinuousBatcher(Generic[Item, Result]):
                 await self._arrived.wait()
             # 1. the model is free: wait (bounded) for the clients of the previous batch to come back
             deadline = loop.time() + self.wait_s
-            while len(self._queue) < min(self.expected, self.max_batch_size):
+            while len(self._queue) < self._target():
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break

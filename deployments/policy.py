@@ -209,7 +209,9 @@ class PolicyDeployment:
         # Batching across requests happens only in a Serve replica; in-process (and in Serve's local testing mode)
         # requests run one by one, as before.
         self._batching = batching and replica is not None
-        self._batcher = ContinuousBatcher(self._generate_many, max_batch_size, batch_wait_timeout_s)
+        self._batcher = ContinuousBatcher(
+            self._generate_many, max_batch_size, batch_wait_timeout_s, wants_company=self._starts_session
+        )
         self._evictions_seen = 0
         self._ready = True
         log.info("policy replica %s ready in %.1f s", self.replica, time.perf_counter() - t0)
@@ -250,6 +252,13 @@ class PolicyDeployment:
                     outcomes[i] = _Outcome(error=exc)
         self._update_session_gauges()
         return outcomes
+
+    def _starts_session(self, batch: ModelBatch) -> bool:
+        """Does this request start (or reset) a session? Such requests wait for company (deployments.batcher)."""
+        store = self.pipeline.store
+        if batch.reset_mask and any(batch.reset_mask):
+            return True
+        return any(sid not in store for sid in batch.session_ids)
 
     def _run_model(self, batch: ModelBatch) -> ChunkResult:
         if self._threads is not None:

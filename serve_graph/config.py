@@ -105,7 +105,13 @@ class BatchingArgs(_Strict):
     enabled: bool = Field(True, description="Batch concurrent compatible requests into one forward pass.")
     max_batch_size: int = Field(16, ge=1, description="Most requests merged into one batch.")
     batch_wait_timeout_s: float = Field(
-        0.005, ge=0, le=1.0, description="How long the first request of a batch waits for company."
+        0.005,
+        ge=0,
+        le=1.0,
+        description=(
+            "How long a free model waits for the previous batch's clients to come back, and a session's first "
+            "request for other starting sessions."
+        ),
     )
 
 

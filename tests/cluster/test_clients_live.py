@@ -84,9 +84,10 @@ def _step_obs(t: int, seed: int) -> dict:
 
 
 def test_http_client_droid_episode_with_reset_and_injected_503s(front_door):
-    with FlakyProxy(front_door, failures=2) as proxy, ActionClient(
-        proxy.url, api_key=API_KEY, timeout_s=120, max_retries=4, backoff_s=0.1
-    ) as client:
+    with (
+        FlakyProxy(front_door, failures=2) as proxy,
+        ActionClient(proxy.url, api_key=API_KEY, timeout_s=120, max_retries=4, backoff_s=0.1) as client,
+    ):
         client.wait_until_ready(timeout_s=60)
         sid = "live-http-episode"
         steps, reasons = [], []
@@ -122,9 +123,7 @@ def test_http_client_typed_errors_on_4xx(front_door):
 
 def test_openpi_client_episode_with_reset(front_door):
     port = front_door.rsplit(":", 1)[1]
-    with OpenPIClient(
-        f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi", api_key=API_KEY, timeout_s=120
-    ) as client:
+    with OpenPIClient(f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi", api_key=API_KEY, timeout_s=120) as client:
         meta = client.get_server_metadata()
         assert meta["image_resolution"] == [180, 320] and meta["needs_session_id"] is True
         assert meta["action_space"] == "joint_position"

@@ -239,6 +239,63 @@ def test_batcher_lone_client_never_waits_and_closed_loop_clients_share_one_call(
     asyncio.run(scenario())
 
 
+def test_batcher_session_starts_wait_for_company_so_clients_that_start_together_batch_together():
+    """A request that starts a session waits (at most wait_s) for a full batch even at an idle model; without the
+    rule the first arrival runs alone and its session stays out of step with the others' window for good."""
+    from deployments.batcher import ContinuousBatcher
+
+    calls: list[list[str]] = []
+
+    async def run(items):
+        calls.append(list(items))
+        await asyncio.sleep(0.01)
+        return items
+
+    async def staggered(batcher):  # four clients start 20 ms apart, as parallel environments reaching the server
+        async def start(i):
+            await asyncio.sleep(0.02 * i)
+            return await batcher.submit(f"new-{i}")
+
+        return await asyncio.gather(*(start(i) for i in range(4)))
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        starts = lambda item: item.startswith("new")  # noqa: E731
+        assert await staggered(ContinuousBatcher(run, 4, wait_s=1.0, wants_company=starts)) == [
+            f"new-{i}" for i in range(4)
+        ]
+        assert calls == [["new-0", "new-1", "new-2", "new-3"]]  # one batch as soon as it was full
+        calls.clear()
+        await staggered(ContinuousBatcher(run, 4, wait_s=1.0))
+        assert calls[0] == ["new-0"]  # without the rule: a lone first call
+        calls.clear()
+        lone = ContinuousBatcher(run, 4, wait_s=0.05, wants_company=starts)
+        t0 = loop.time()
+        assert await lone.submit("new-x") == "new-x"
+        assert 0.04 <= loop.time() - t0 < 1.0  # a lone start waits at most wait_s
+        t0 = loop.time()
+        assert await lone.submit("next") == "next"
+        assert loop.time() - t0 < 0.04  # a continuing call of a lone client never waits
+
+    asyncio.run(scenario())
+
+
+def test_policy_treats_unknown_and_reset_sessions_as_session_starts(monkeypatch):
+    import deployments.policy as policy_mod
+    from dreamzero.sessions import SessionState, SessionStore
+
+    pipeline = _CountingPipeline()
+    pipeline.store = SessionStore()
+    pipeline.store.put(SessionState(session_id="live", prompt="p", negative_prompt=""))
+    monkeypatch.setattr(policy_mod, "load_pipeline", lambda **kw: pipeline)
+    policy = PolicyDeployment()
+    assert policy._starts_session(_batch(["new"])) and policy._starts_session(_batch(["live", "new"]))
+    assert not policy._starts_session(_batch(["live"]))
+    reset = _batch(["live"])
+    reset.reset_mask = [True]
+    assert policy._starts_session(reset)
+
+
 def test_batcher_failure_reaches_only_that_batch_and_the_worker_survives():
     from deployments.batcher import ContinuousBatcher
 
