@@ -12,10 +12,11 @@ got split merge again after one call), and when a client leaves one batch waits 
 expectation follows the new count.
 
 Items for which `wants_company(item)` is true (the policy: requests that start a session) wait up to `wait_s` for a
-full batch even when no company is expected: clients that start together (parallel simulation environments, a fleet
-after a reset) then start in one batch. That matters beyond their first call: a session restarts when its window is
+full batch even when no company is expected, as long as requests keep arriving (a gap of `COMPANY_GAP * wait_s`
+ends the wait): clients that start together (parallel simulation environments, a fleet after a reset) then start in
+one batch. That matters beyond their first call: a session restarts when its window is
 full, a fixed number of chunks after it started, so sessions started apart keep their expensive restarts in
-different, smaller batches for good. The price is at most `wait_s` on a lone session's first call.
+different, smaller batches for good. The price is `COMPANY_GAP * wait_s` on a lone session's first call.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 log = logging.getLogger("dreamzero.serve.batcher")
+
+#: a wait for sessions starting together ends when none arrived for this share of `wait_s`
+COMPANY_GAP = 0.25
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -60,13 +64,14 @@ class ContinuousBatcher(Generic[Item, Result]):
         self._arrived.set()
         return await future
 
-    def _target(self) -> int:
-        """How many queued requests the next batch waits for (at most `wait_s`)."""
+    def _target(self) -> tuple[int, float | None]:
+        """How many queued requests the next batch waits for (at most `wait_s`), and the arrival gap that ends the
+        wait early (None: only the deadline does)."""
         target = min(self.expected, self.max_batch_size)
         if target < self.max_batch_size and self._wants_company is not None:
             if any(self._wants_company(item) for item, fut in self._queue if not fut.done()):
-                return self.max_batch_size
-        return target
+                return self.max_batch_size, self.wait_s * COMPANY_GAP
+        return target, None
 
     async def _serve_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -74,15 +79,19 @@ class ContinuousBatcher(Generic[Item, Result]):
             while not self._queue:
                 self._arrived.clear()
                 await self._arrived.wait()
-            # 1. the model is free: wait (bounded) for the clients of the previous batch to come back
+            # 1. the model is free: wait (bounded) for the clients of the previous batch to come back, and for
+            #    sessions starting alongside a new one while they keep arriving
             deadline = loop.time() + self.wait_s
-            while len(self._queue) < self._target():
+            informed = min(self.expected, self.max_batch_size)
+            while True:
+                target, gap = self._target()
                 remaining = deadline - loop.time()
-                if remaining <= 0:
+                if len(self._queue) >= target or remaining <= 0:
                     break
+                timeout = remaining if gap is None or len(self._queue) < informed else min(remaining, gap)
                 self._arrived.clear()
                 try:
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                    await asyncio.wait_for(self._arrived.wait(), timeout)
                 except asyncio.TimeoutError:
                     break
             # 2. take what is queued (callers that gave up are dropped) and run it

@@ -240,8 +240,8 @@ def test_batcher_lone_client_never_waits_and_closed_loop_clients_share_one_call(
 
 
 def test_batcher_session_starts_wait_for_company_so_clients_that_start_together_batch_together():
-    """A request that starts a session waits (at most wait_s) for a full batch even at an idle model; without the
-    rule the first arrival runs alone and its session stays out of step with the others' window for good."""
+    """A request that starts a session waits (at most wait_s, while requests keep arriving) for a full batch even at an
+    idle model; without the rule the first arrival runs alone and its session stays out of step for good."""
     from deployments.batcher import ContinuousBatcher
 
     calls: list[list[str]] = []
@@ -269,13 +269,23 @@ def test_batcher_session_starts_wait_for_company_so_clients_that_start_together_
         await staggered(ContinuousBatcher(run, 4, wait_s=1.0))
         assert calls[0] == ["new-0"]  # without the rule: a lone first call
         calls.clear()
-        lone = ContinuousBatcher(run, 4, wait_s=0.05, wants_company=starts)
+        lone = ContinuousBatcher(run, 4, wait_s=0.4, wants_company=starts)
         t0 = loop.time()
         assert await lone.submit("new-x") == "new-x"
-        assert 0.04 <= loop.time() - t0 < 1.0  # a lone start waits at most wait_s
+        assert 0.09 <= loop.time() - t0 < 0.35  # a lone start waits for one arrival gap (a quarter of wait_s)
         t0 = loop.time()
         assert await lone.submit("next") == "next"
         assert loop.time() - t0 < 0.04  # a continuing call of a lone client never waits
+        calls.clear()
+        returning = ContinuousBatcher(run, 4, wait_s=1.0, wants_company=starts)
+        returning.expected = 3  # three clients were active: their gaps (> a quarter of wait_s) do not end the wait
+
+        async def later(item, delay):
+            await asyncio.sleep(delay)
+            return await returning.submit(item)
+
+        await asyncio.gather(later("new-a", 0.0), later("b", 0.3), later("c", 0.6))
+        assert calls == [["new-a", "b", "c"]]
 
     asyncio.run(scenario())
 
