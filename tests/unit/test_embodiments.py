@@ -108,6 +108,23 @@ def test_centre_crop_offsets_without_resize_are_exact():
     np.testing.assert_array_equal(out, img[:, 0:19, 1:39])
 
 
+@pytest.mark.parametrize("hw", [(180, 320), (720, 1280)])
+def test_crop_resize_equals_the_training_transform_written_out(hw):
+    """Planar layout before the resize (a speed-up) leaves every byte as the plain training transform makes it:
+    float in [0, 1], centre crop, antialiased bilinear resize, clamp, x255, truncation."""
+    import torch
+    import torch.nn.functional as F
+
+    img = np.random.default_rng(5).integers(0, 256, (3, *hw, 3), dtype=np.uint8)
+    img.flags.writeable = False  # as decoded from the wire
+    x = torch.from_numpy(img.copy()).float().permute(0, 3, 1, 2) / 255.0
+    ch, cw = int(0.95 * hw[0]), int(0.95 * hw[1])
+    top, left = int(round((hw[0] - ch) / 2.0)), int(round((hw[1] - cw) / 2.0))
+    x = F.interpolate(x[:, :, top : top + ch, left : left + cw], size=(176, 320), mode="bilinear", antialias=True)
+    want = (x.clamp(0.0, 1.0) * 255.0).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    np.testing.assert_array_equal(CropResize(out_hw=(176, 320))(img), want)
+
+
 def test_float_images_equal_uint8_images():
     img = np.random.default_rng(2).integers(0, 256, (2, 30, 50, 3), dtype=np.uint8)
     t = CropResize(out_hw=(16, 32))
