@@ -2,8 +2,8 @@
 
 The shipped config is used as is, except the HTTP port (a free one) so parallel runs do not collide. Both front doors
 are covered: Serve's Python proxy (the default) and HAProxy (`RAY_SERVE_ENABLE_HA_PROXY=1` in the environment of
-`serve run`, docs/serving.md "Front door"): the HTTP route in msgpack, a malformed body, and an OpenPI WebSocket
-episode must behave the same behind either.
+`serve run`, docs/serving.md "Front door"): the HTTP route in msgpack, a malformed body, an OpenPI WebSocket
+episode and the 16 MiB WebSocket message cap must behave the same behind either.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import websockets
 import yaml
+from websockets.sync.client import connect as ws_connect
 
 from clients.openpi_client import OpenPIClient
 from tests.graph.helpers import decode, openpi_droid_observation, raw_body
@@ -114,6 +116,13 @@ def test_serve_run_serves_the_shipped_config(tmp_path, front_door):
             assert ws.get_server_metadata()["needs_session_id"] is True
             steps = [ws.infer(openpi_droid_observation(i, "e2e-ws"))["session"]["step"] for i in range(2)]
             assert steps == [1, 2]
+        # either front door caps a WebSocket message at 16 MiB (uvicorn's default), under the shipped 64 MiB limit
+        with ws_connect(f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi", max_size=None, open_timeout=30) as raw_ws:
+            raw_ws.recv(timeout=30)
+            raw_ws.send(b"\0" * (17 << 20))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                raw_ws.recv(timeout=60)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
         proc.send_signal(signal.SIGTERM)  # a backgrounded `serve run` ignores SIGINT
         assert proc.wait(timeout=90) is not None
     finally:
