@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import http.client
 import sys
+import threading
 import time
 import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
@@ -45,20 +46,34 @@ from serving_common import (  # noqa: E402
 from serve_graph import codec  # noqa: E402
 
 CONCURRENCY = (1, 4, 8, 16)
+STAGGERED = (
+    " after 1 + i % 4 untimed chunks on client i's session (the timed part starts with the sessions spread over "
+    "their 4-chunk window, so their restarts fall in different batches, as for robots that started apart)"
+)
 
 
-def client_loop(base_url: str, sid: str, chunks: int, latencies: list[float]) -> int:
+#: chunks per window of the tiny model (9 latent frames, 2 per chunk after the first): a session restarts every 4th
+WINDOW_CHUNKS = 4
+
+
+def client_loop(
+    base_url: str, sid: str, chunks: int, latencies: list[float], lead: int = 0, start: threading.Barrier | None = None
+) -> int:
+    """`lead` untimed chunks, then (after `start`, when given) `chunks` timed ones, all on one session."""
     url = urllib.parse.urlsplit(base_url)
     conn = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
     step = None
     try:
-        for i in range(chunks):
+        for i in range(lead + chunks):
+            if i == lead and start is not None:
+                start.wait(timeout=600)
             body = request_body(normalised_observation(1 if i == 0 else 4, seed=i), sid, step)
             t0 = time.perf_counter()
             conn.request("POST", url.path + GEN, body=body, headers=MSGPACK)
             resp = conn.getresponse()
             data = resp.read()
-            latencies.append((time.perf_counter() - t0) * 1e3)
+            if i >= lead:
+                latencies.append((time.perf_counter() - t0) * 1e3)
             if resp.status != 200:
                 raise RuntimeError(f"{base_url}{GEN} answered {resp.status}: {data[:200]!r}")
             step = codec.decode_msgpack(data)[0]["sessions"][0]["step"]
@@ -67,13 +82,22 @@ def client_loop(base_url: str, sid: str, chunks: int, latencies: list[float]) ->
     return chunks
 
 
-def measure(base_url: str, clients: int, chunks: int, tag: str) -> dict:
+def measure(base_url: str, clients: int, chunks: int, tag: str, stagger: bool = False) -> dict:
+    """Chunks per second of `clients` closed-loop clients. With `stagger`, client i first runs 1 + i % 4 untimed
+    chunks, so the timed part starts with the sessions at every position of their window (restarts spread over
+    batches, as with robots that started at different times) instead of all in step."""
     latencies: list[float] = []
-    # warm the sessions' text caches etc. is part of the work; run once untimed with a different session set
+    started: list[float] = []
+    start = threading.Barrier(clients, action=lambda: started.append(time.perf_counter())) if stagger else None
+
+    def client(i: int) -> int:
+        lead = 1 + i % WINDOW_CHUNKS if stagger else 0
+        return client_loop(base_url, f"{tag}-{clients}-{i}", chunks, latencies, lead, start)
+
     t0 = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        done = sum(pool.map(lambda i: client_loop(base_url, f"{tag}-{clients}-{i}", chunks, latencies), range(clients)))
-    wall = time.perf_counter() - t0
+        done = sum(pool.map(client, range(clients)))
+    wall = time.perf_counter() - (started[0] if started else t0)
     return {"clients": clients, "chunks": done, "wall_s": wall, "rps": done / wall, "p50": percentile(latencies, 50)}
 
 
@@ -95,6 +119,11 @@ def main(argv=None) -> int:
         "--proxy-fast-path", action="store_true", help="start Ray with RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0"
     )
     ap.add_argument("--haproxy", action="store_true", help="start Ray with RAY_SERVE_ENABLE_HA_PROXY=1")
+    ap.add_argument(
+        "--stagger",
+        action="store_true",
+        help="start the sessions at different window positions (section 'Throughput, staggered sessions')",
+    )
     ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the section into this file")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
@@ -119,7 +148,7 @@ def main(argv=None) -> int:
             runs = {"on": [], "off": []}
             for r in range(args.repeats):
                 for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
-                    runs[mode].append(measure(urls[mode], c, args.chunks, f"{mode}{r}"))
+                    runs[mode].append(measure(urls[mode], c, args.chunks, f"{mode}{r}", args.stagger))
                 ceiling.sample()  # model only, between the served runs (the replicas idle meanwhile)
             for mode in runs:  # the best run: the least disturbed by other load on a shared machine
                 results[mode].append(max(runs[mode], key=lambda m: m["rps"]))
@@ -128,7 +157,8 @@ def main(argv=None) -> int:
     text = report(results, args, ceiling.best())
     print(text)
     if args.write_docs:
-        write_section(Path(args.write_docs), "Throughput", "Written by `benchmarks/throughput.py`.\n\n" + text)
+        title = "Throughput, staggered sessions" if args.stagger else "Throughput"
+        write_section(Path(args.write_docs), title, "Written by `benchmarks/throughput.py`.\n\n" + text)
     return 0
 
 
@@ -183,7 +213,8 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace, ceiling: di
     )
     lines = [
         f"Tiny embedded model, one policy replica on CPU ({threads}), normalised form {h}x{w} (the model's input "
-        f"size), {args.chunks} chunks per client, best of {args.repeats} alternating runs, `batch_wait_timeout_s` "
+        f"size), {args.chunks} chunks per client{STAGGERED if args.stagger else ''}, best of {args.repeats} "
+        "alternating runs, `batch_wait_timeout_s` "
         f"{args.batch_wait_s}; {front_door(args.proxy_fast_path, args.haproxy)}; {machine_line()}.",
         "",
         "| clients | batching on: chunks/s | p50 ms | batching off: chunks/s | p50 ms | on / off |",
@@ -215,6 +246,7 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace, ceiling: di
         lines += [f"Served on/off as a share of that model-only ratio: {', '.join(shares)}.", ""]
     flags = front_door_flags(args.proxy_fast_path, args.haproxy)
     flags += f" --torch-threads {args.torch_threads} --chunks {args.chunks} --repeats {args.repeats}"
+    flags += " --stagger" if args.stagger else ""
     lines.append(f"Reproduce: `python benchmarks/throughput.py{flags} --write-docs`.")
     return "\n".join(lines)
 
