@@ -247,6 +247,8 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace, ceiling: di
     flags = front_door_flags(args.proxy_fast_path, args.haproxy)
     flags += f" --torch-threads {args.torch_threads} --chunks {args.chunks} --repeats {args.repeats}"
     flags += " --stagger" if args.stagger else ""
+    if args.clients != ",".join(map(str, CONCURRENCY)):
+        flags += f" --clients {args.clients}"
     lines.append(f"Reproduce: `python benchmarks/throughput.py{flags} --write-docs`.")
     return "\n".join(lines)
 
