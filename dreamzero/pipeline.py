@@ -41,6 +41,7 @@ from dreamzero.embodiments.transforms import NEGATIVE_PROMPT as DEFAULT_NEGATIVE
 from dreamzero.errors import ConfigError, InvalidObservation
 from dreamzero.model.dit import CausalWanDiT, CrossContext
 from dreamzero.model.scheduler import FlowUniPCScheduler
+from dreamzero.model.vae import split_state, stack_states
 from dreamzero.sessions import BRANCHES, SessionState, SessionStore
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 
@@ -406,6 +407,8 @@ class DreamZeroPipeline:
         # 3. continuing rows: prefill the observed block (one forward whatever their frame positions)
         continuing = [r for r in rows if not r.restarted]
         if continuing:
+            if self.dit_cfg.has_image_input and self.dit_cfg.concat_first_frame_latent:
+                self._extend_conditioning([r.state for r in continuing], timer)
             self._prefill_observed(continuing, frames, timer)
 
         # 4. denoise every row in one batch (restarted rows sit at frame 1, continuing ones further on)
@@ -573,7 +576,9 @@ class DreamZeroPipeline:
 
     def _vae_encode(self, video: torch.Tensor) -> torch.Tensor:
         """[G, 3, T, H, W] in [-1, 1] -> normalised latents [G, z, T', h, w] fp32; checks the token count."""
-        lat = self.model.vae.encode(video.to(self.dtype)).float()
+        return self._check_tokens(self.model.vae.encode(video.to(self.dtype)).float())
+
+    def _check_tokens(self, lat: torch.Tensor) -> torch.Tensor:
         p = self.dit_cfg.patch_size
         tokens = (lat.shape[-2] // p[1]) * (lat.shape[-1] // p[2])
         if tokens != self.dit_cfg.frame_seqlen:
@@ -601,13 +606,17 @@ class DreamZeroPipeline:
         if cfg.has_image_input:
             with timer("clip"):
                 clip = self.model.image_encoder.encode(anchors.to(self.dtype)).to(self.dtype)  # [G, 257, image_dim]
+        vae_states = [None] * g
         with timer("vae"):
             if cfg.has_image_input and cfg.concat_first_frame_latent:
-                # [anchor, zeros...] over the whole window -> latents of every frame position; mask 1 on frame 0
-                n_frames = self.config.num_frames
+                # [anchor, zeros...] over the window -> latents of every frame position, mask 1 on frame 0. Only the
+                # frames this chunk conditions on (frame 0 and the first block) are encoded now; the encoder is causal,
+                # so the rest follow chunk by chunk from its state (`_extend_conditioning`), batched with other rows
+                n_frames = min(1 + 4 * cfg.num_frame_per_block, self.config.num_frames)
                 video = torch.zeros(g, 3, n_frames, *anchors.shape[-2:], device=self.device)
                 video[:, :, 0] = anchors
-                lat = self._vae_encode(video)  # [G, z, max_attention_frames, h, w]
+                lat, state = self.model.vae.encode_causal(video.to(self.dtype))
+                lat = self._check_tokens(lat.float())  # [G, z, 1 + nfpb, h, w]
                 mask = torch.zeros(g, _MASK_CHANNELS, *lat.shape[2:], device=self.device)
                 mask[:, :, 0] = 1.0
                 y = torch.cat([mask, lat], dim=1).to(self.dtype)
@@ -616,6 +625,8 @@ class DreamZeroPipeline:
                         f"y has {y.shape[1]} channels (4 mask + {lat.shape[1]} latent) but dit.in_dim - dit.out_dim "
                         f"= {cfg.in_dim - cfg.out_dim}; the VAE's z_dim does not match the DiT"
                     )
+                if n_frames < self.config.num_frames:
+                    vae_states = split_state(state, g)
                 first_latent = lat[:, :, :1]
             else:
                 y = None
@@ -624,6 +635,7 @@ class DreamZeroPipeline:
             s.first_frame = anchors[gi].to(self.dtype).clone()
             s.clip_feature = clip[gi : gi + 1] if cfg.has_image_input else None
             s.y = y[gi : gi + 1] if y is not None else None
+            s.vae_state = vae_states[gi]
             s.latent_hw = tuple(first_latent.shape[-2:])
             s.current_start_frame = 0
         with timer("prefill"):
@@ -639,6 +651,29 @@ class DreamZeroPipeline:
         split_caches(caches, states, self._branches)
         for s in states:
             s.current_start_frame = 1
+
+    def _extend_conditioning(self, states: list[SessionState], timer: _Timer) -> None:
+        """Encode the conditioning frames the next block needs (zero frames after each row's anchor) from each row's
+        causal encoder state, rows needing as many frames in one batched call."""
+        nfpb = self.dit_cfg.num_frame_per_block
+        todo: dict[int, list[SessionState]] = defaultdict(list)
+        for s in states:
+            missing = s.current_start_frame + nfpb - s.y.shape[2]
+            if missing > 0:
+                if s.vae_state is None:
+                    raise RuntimeError(f"session {s.session_id!r} needs conditioning past its window")
+                todo[missing].append(s)
+        for missing, group in todo.items():
+            with timer("vae"):
+                hw = tuple(group[0].first_frame.shape[-2:])
+                video = torch.zeros(len(group), 3, 4 * missing, *hw, device=self.device, dtype=self.dtype)
+                lat, state = self.model.vae.encode_causal(video, stack_states([s.vae_state for s in group]))
+                lat = lat.to(self.dtype)
+                mask = lat.new_zeros(len(group), _MASK_CHANNELS, *lat.shape[2:])
+                window = 1 + (self.config.num_frames - 1) // 4  # latent frames of the whole conditioning window
+                for s, part, st in zip(group, torch.cat([mask, lat], dim=1).split(1), split_state(state, len(group))):
+                    s.y = torch.cat([s.y, part], dim=2)
+                    s.vae_state = None if s.y.shape[2] >= window else st
 
     def _prefill_observed(self, rows: list[_Row], frames: torch.Tensor, timer: _Timer) -> None:
         """Continuing rows: VAE of [first frame, each new frame twice]; prefill the last block at each row's frame."""

@@ -37,7 +37,10 @@ class SessionState:
     # T5 rows of the prompt ("cond") and negative prompt ("uncond"): [1, text_len, text_dim]
     text_cache: dict[str, torch.Tensor] = field(default_factory=dict)
     clip_feature: torch.Tensor | None = None  # [1, 257, image_dim] (i2v only)
-    y: torch.Tensor | None = None  # [1, 4 + z, max_attention_frames, h, w] first-frame conditioning (i2v only)
+    # [1, 4 + z, F, h, w] first-frame conditioning (i2v only), F growing chunk by chunk to the window's frames
+    y: torch.Tensor | None = None
+    # the VAE encoder's causal state after the zero frames behind `y` (None once `y` spans the window)
+    vae_state: list[torch.Tensor | None] | None = None
     first_frame: torch.Tensor | None = None  # [3, H, W] in [-1, 1], model resolution: prepended to each new block
     current_start_frame: int = 0  # latent frames of the session already placed (0 = fresh)
     step: int = 0  # chunks produced since the last restart
@@ -57,6 +60,7 @@ class SessionState:
         tensors = list(self.kv_cache)
         tensors += list(self.text_cache.values())
         tensors += [t for t in (self.clip_feature, self.y, self.first_frame) if t is not None]
+        tensors += [t for t in self.vae_state or () if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 

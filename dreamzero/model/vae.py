@@ -37,6 +37,7 @@ try:  # diffusers' private norm class: swapped for the faster one below when it 
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm as _WanRMSNorm
 except ImportError:  # pragma: no cover - another diffusers layout: keep its own (slower, same numbers)
     _WanRMSNorm = None
+from diffusers.models.autoencoders.autoencoder_kl_wan import patchify as _patchify  # noqa: E402 - Wan 2.2's 2x2 input
 
 # Standard per-channel latent statistics of the Wan 2.1 VAE (z=16) and the Wan 2.2 VAE (z=48).
 WAN21_LATENT_MEAN = (
@@ -186,6 +187,16 @@ def use_fast_norms(module: nn.Module) -> int:
     return swapped
 
 
+def stack_states(states: list[list[torch.Tensor | None]]) -> list[torch.Tensor | None]:
+    """Causal encoder states of several clips (same canvas) -> one state for a batched `encode_causal`."""
+    return [None if parts[0] is None else torch.cat(parts) for parts in zip(*states)]  # None: a slot never used
+
+
+def split_state(state: list[torch.Tensor | None], rows: int) -> list[list[torch.Tensor | None]]:
+    """A batched causal encoder state -> one state per clip (copies: a row's state must not pin the batch's)."""
+    return [[None if t is None else t[i : i + 1].clone() for t in state] for i in range(rows)]
+
+
 class WanVAE(nn.Module):
     """Video [B,3,T,H,W] in [-1,1] <-> normalised latents [B,z,T',h,w] (T' = 1 + (T-1)/4)."""
 
@@ -240,6 +251,40 @@ class WanVAE(nn.Module):
         mu = self.autoencoder.encode(video).latent_dist.mode()
         mean, inv_std = self._stats(mu)
         return (mu - mean) * inv_std
+
+    @torch.no_grad()
+    def encode_causal(
+        self, video: torch.Tensor, state: list[torch.Tensor | None] | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """Encode `video` [B,3,T,H,W] after the frames that left the encoder in `state` (None: a fresh clip, T = 1 + 4k;
+        continuing, T = 4k); returns the normalised latents of these frames and the encoder's causal state after them.
+
+        The encoder is causal with a state of the last frames of every convolution, and diffusers' `encode` runs it
+        as this does (the first frame alone, then 4 frames a pass), so encoding a clip in pieces gives its latents
+        (to float rounding). The pipeline uses it to encode a session's conditioning window chunk by chunk.
+        """
+        if video.ndim != 5 or video.shape[1] != 3:
+            raise ValueError(f"VAE input must be [B,3,T,H,W], got {tuple(video.shape)}")
+        t = video.shape[2]
+        if (t - (0 if state is not None else 1)) % 4 != 0 or (state is not None and t == 0):
+            raise ValueError(f"encode_causal takes 1 + 4k frames for a fresh clip, 4k after a state; got {t}")
+        ae = self.autoencoder
+        weight = ae.encoder.conv_in.weight
+        x = video.to(weight.device, weight.dtype)
+        if x.device.type == "cpu":
+            x = x.contiguous(memory_format=torch.channels_last_3d)
+        if ae.config.patch_size is not None:
+            x = _patchify(x, patch_size=ae.config.patch_size)
+        if state is None:
+            ae.clear_cache()
+            feat, spans = ae._enc_feat_map, [(0, 1)] + [(i, i + 4) for i in range(1, t, 4)]
+            ae.clear_cache()  # the list above is ours now
+        else:
+            feat, spans = list(state), [(i, i + 4) for i in range(0, t, 4)]
+        outs = [ae.encoder(x[:, :, a:b], feat_cache=feat, feat_idx=[0]) for a, b in spans]
+        mu = ae.quant_conv(torch.cat(outs, 2))[:, : self.cfg.z_dim]  # the posterior's mode: the mean half
+        mean, inv_std = self._stats(mu)
+        return (mu - mean) * inv_std, feat
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

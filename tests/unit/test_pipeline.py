@@ -67,6 +67,12 @@ class StubVAE:
         lat = F.avg_pool3d(lat, (1, self.factor, self.factor))
         return torch.einsum("bcthw,cz->bzthw", lat, self.proj)
 
+    def encode_causal(self, video: torch.Tensor, state=None):  # no state to carry: each latent sees its own frames
+        if state is None:
+            return self.encode(video), []
+        lat = F.avg_pool3d(video.float().unflatten(2, (-1, 4)).mean(3), (1, self.factor, self.factor))
+        return torch.einsum("bcthw,cz->bzthw", lat, self.proj), []
+
 
 def make_model(kind: str = "i2v"):
     cfg = preset("tiny")
@@ -521,3 +527,28 @@ def test_stale_state_with_a_matching_step_is_caught_by_the_incarnation(model):
     res = pipe.generate(stale).sessions[0]
     assert (res.restarted, res.restart_reason, res.step) == (True, "step_mismatch", 1)
     assert res.incarnation != first.incarnation
+
+
+def test_conditioning_encoded_chunk_by_chunk_equals_the_whole_window():
+    """The i2v conditioning ([anchor, zero frames] through the causal Wan VAE) is encoded only as far as each chunk
+    needs, from the session's encoder state, batched with the other rows; at the end of the window it equals the
+    window encoded at once, as upstream does at the restart. The state counts in the session's bytes until then."""
+    pipe = DreamZeroPipeline.load(None, device="cpu", max_sessions=4)  # the embedded tiny model: a real Wan VAE
+    nfpb, window = pipe.dit_cfg.num_frame_per_block, 1 + (pipe.config.num_frames - 1) // 4
+    pipe.generate(make_batch(["w", "v"], t=1))
+    state = pipe.store.lookup("w")[0]
+    assert state.y.shape[2] == 1 + nfpb and state.vae_state is not None
+    extra = sum(t.numel() * t.element_size() for t in state.vae_state if t is not None)
+    held, kept = state.nbytes(), state.vae_state
+    state.vae_state = None
+    assert extra > 0 and held - state.nbytes() == extra
+    state.vae_state = kept
+    pipe.generate(make_batch(["v"], t=4))  # "v" one chunk ahead: the two then extend in different calls and groups
+    for k in range((window - 1 - nfpb) // nfpb):
+        pipe.generate(make_batch(["w", "v"][: 2 if k < 1 else 1], t=4, seed_offset=k))
+    state = pipe.store.lookup("w")[0]
+    assert state.y.shape[2] == window and state.vae_state is None
+    video = torch.zeros(1, 3, pipe.config.num_frames, *state.first_frame.shape[-2:])
+    video[:, :, 0] = state.first_frame.float()
+    torch.testing.assert_close(state.y[:, 4:].float(), pipe.model.vae.encode(video), atol=1e-5, rtol=0)
+    assert state.y[0, :4, 0].eq(1).all() and state.y[0, :4, 1:].eq(0).all()
