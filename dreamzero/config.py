@@ -120,6 +120,9 @@ class PipelineConfig:
     num_frames: int = 33  # frames of the conditioning window (8 * max_chunk_size + 1)
     model_input_hw: tuple[int, int] | None = None  # in-model bilinear resize of the input (5B: 160x320); None: as sent
     prompt_cache_size: int = 32  # T5 rows of recent prompts shared by all sessions (ours; 0 = encode per session)
+    # i2v conditioning encoded chunk by chunk from a per-session VAE state (ours; ~0.6 GB per 14B DROID session until
+    # its window is full); False: the whole window at the restart, as upstream, no state
+    conditioning_by_chunk: bool = True
 
 
 @dataclass

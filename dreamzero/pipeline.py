@@ -612,7 +612,9 @@ class DreamZeroPipeline:
                 # [anchor, zeros...] over the window -> latents of every frame position, mask 1 on frame 0. Only the
                 # frames this chunk conditions on (frame 0 and the first block) are encoded now; the encoder is causal,
                 # so the rest follow chunk by chunk from its state (`_extend_conditioning`), batched with other rows
-                n_frames = min(1 + 4 * cfg.num_frame_per_block, self.config.num_frames)
+                n_frames = self.config.num_frames
+                if self.config.conditioning_by_chunk:
+                    n_frames = min(1 + 4 * cfg.num_frame_per_block, n_frames)
                 video = torch.zeros(g, 3, n_frames, *anchors.shape[-2:], device=self.device)
                 video[:, :, 0] = anchors
                 lat, state = self.model.vae.encode_causal(video.to(self.dtype))

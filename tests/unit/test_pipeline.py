@@ -552,3 +552,15 @@ def test_conditioning_encoded_chunk_by_chunk_equals_the_whole_window():
     video[:, :, 0] = state.first_frame.float()
     torch.testing.assert_close(state.y[:, 4:].float(), pipe.model.vae.encode(video), atol=1e-5, rtol=0)
     assert state.y[0, :4, 0].eq(1).all() and state.y[0, :4, 1:].eq(0).all()
+
+
+def test_conditioning_by_chunk_off_encodes_the_window_at_the_restart_with_the_same_chunks(model):
+    """`conditioning_by_chunk: false` (upstream's way) keeps no encoder state and gives the same chunks."""
+    lazy, whole = make_pipe(model), make_pipe(model, conditioning_by_chunk=False)
+    for k in range(5):  # through a window-full restart
+        batch = make_batch(["a", "b"], t=1 if k == 0 else 4, seed_offset=k)
+        got, want = lazy.generate(batch), whole.generate(batch)
+        np.testing.assert_allclose(got.actions, want.actions, atol=1e-5, rtol=0)
+        state = whole.store.lookup("a")[0]
+        assert state.vae_state is None and state.y.shape[2] == 1 + (whole.config.num_frames - 1) // 4
+
