@@ -182,6 +182,9 @@ def _tiny() -> DreamZeroConfig:
 
 def validate_pipeline_config(cfg: PipelineConfig) -> None:
     """Fail early, naming the field, on knobs the loop cannot honour."""
+    for name in ("dynamic_skip", "conditioning_by_chunk"):
+        if not isinstance(getattr(cfg, name), bool):
+            raise ConfigError(f"pipeline.{name} must be true or false, got {getattr(cfg, name)!r}")
     if cfg.num_inference_steps < 1:
         raise ConfigError(f"pipeline.num_inference_steps must be >= 1, got {cfg.num_inference_steps}")
     if cfg.dit_step_mask is not None:

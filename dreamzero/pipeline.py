@@ -407,8 +407,6 @@ class DreamZeroPipeline:
         # 3. continuing rows: prefill the observed block (one forward whatever their frame positions)
         continuing = [r for r in rows if not r.restarted]
         if continuing:
-            if self.dit_cfg.has_image_input and self.dit_cfg.concat_first_frame_latent:
-                self._extend_conditioning([r.state for r in continuing], timer)
             self._prefill_observed(continuing, frames, timer)
 
         # 4. denoise every row in one batch (restarted rows sit at frame 1, continuing ones further on)
@@ -689,6 +687,8 @@ class DreamZeroPipeline:
                     "the canvas size cannot change within a session (reset it)",
                     field="images",
                 )
+        if self.dit_cfg.has_image_input and self.dit_cfg.concat_first_frame_latent:
+            self._extend_conditioning(states, timer)  # after the canvas check: the rows' encoder states stack
         with timer("vae"):
             new = frames[[r.index for r in rows]].repeat_interleave(2, dim=1)  # [G, 2T, 3, H, W]
             first = torch.stack([s.first_frame.float() for s in states]).unsqueeze(1)  # [G, 1, 3, H, W]

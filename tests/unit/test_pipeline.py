@@ -423,6 +423,9 @@ def test_bad_config_names_the_field(model):
         make_pipe(model, cfg_scal=3.0)
     with pytest.raises(ConfigError, match="prompt_cache_size"):
         make_pipe(model, prompt_cache_size=-1)
+    for name in ("dynamic_skip", "conditioning_by_chunk"):
+        with pytest.raises(ConfigError, match=f"pipeline.{name} must be true or false"):
+            make_pipe(model, **{name: "yes"})
 
 
 @pytest.mark.parametrize("cache_size", [0, 2])
