@@ -14,9 +14,9 @@ expectation follows the new count.
 Items for which `wants_company(item)` is true (the policy: requests that start a session) wait up to `wait_s` for a
 full batch even when no company is expected, as long as requests keep arriving (a gap of `COMPANY_GAP * wait_s`
 ends the wait): clients that start together (parallel simulation environments, a fleet after a reset) then start in
-one batch. That matters beyond their first call: a session restarts when its window is
-full, a fixed number of chunks after it started, so sessions started apart keep their expensive restarts in
-different, smaller batches for good. The price is `COMPANY_GAP * wait_s` on a lone session's first call.
+one batch. That matters beyond their first call: a session restarts when its window is full, a fixed number of
+chunks after it started, so sessions started apart keep their expensive restarts in different, smaller batches for
+good. The price is `COMPANY_GAP * wait_s` on a lone session's first call.
 """
 
 from __future__ import annotations
@@ -69,7 +69,12 @@ class ContinuousBatcher(Generic[Item, Result]):
         wait early (None: only the deadline does)."""
         target = min(self.expected, self.max_batch_size)
         if target < self.max_batch_size and self._wants_company is not None:
-            if any(self._wants_company(item) for item, fut in self._queue if not fut.done()):
+            try:
+                wanted = any(self._wants_company(item) for item, fut in self._queue if not fut.done())
+            except Exception:  # noqa: BLE001 - a hint only: never let it stop the worker (and hang its callers)
+                log.exception("wants_company failed; batching without the hint")
+                wanted = False
+            if wanted:
                 return self.max_batch_size, self.wait_s * COMPANY_GAP
         return target, None
 

@@ -320,6 +320,12 @@ def test_batcher_failure_reaches_only_that_batch_and_the_worker_survives():
             await batcher.submit("boom")
         assert await batcher.submit("ok") == "ok"
 
+        def broken_hint(item):
+            raise KeyError(item)
+
+        hinted = ContinuousBatcher(run, max_batch_size=4, wait_s=0.05, wants_company=broken_hint)
+        assert await asyncio.wait_for(hinted.submit("ok"), 5) == "ok"  # a failing hint never stops the worker
+
     asyncio.run(scenario())
 
 

@@ -566,4 +566,3 @@ def test_conditioning_by_chunk_off_encodes_the_window_at_the_restart_with_the_sa
         np.testing.assert_allclose(got.actions, want.actions, atol=1e-5, rtol=0)
         state = whole.store.lookup("a")[0]
         assert state.vae_state is None and state.y.shape[2] == 1 + (whole.config.num_frames - 1) // 4
-
