@@ -239,16 +239,20 @@ class WanVAE(nn.Module):
         shape = (1, -1, 1, 1, 1)
         return self.latent_mean.view(shape).to(like), self.latent_inv_std.view(shape).to(like)
 
+    def _encoder_input(self, video: torch.Tensor) -> torch.Tensor:
+        """The encoder's device and dtype; channels-last on CPU, the layout oneDNN's 3-D convolutions are fastest in."""
+        weight = self.autoencoder.encoder.conv_in.weight
+        video = video.to(weight.device, weight.dtype)
+        if video.device.type == "cpu":
+            video = video.contiguous(memory_format=torch.channels_last_3d)
+        return video
+
     @torch.no_grad()
     def encode(self, video: torch.Tensor) -> torch.Tensor:
         """video [B,3,T,H,W] in [-1,1] -> normalised posterior mode [B,z,T',H/s,W/s]."""
         if video.ndim != 5 or video.shape[1] != 3:
             raise ValueError(f"VAE input must be [B,3,T,H,W], got {tuple(video.shape)}")
-        weight = self.autoencoder.encoder.conv_in.weight
-        video = video.to(weight.device, weight.dtype)
-        if video.device.type == "cpu":
-            video = video.contiguous(memory_format=torch.channels_last_3d)
-        mu = self.autoencoder.encode(video).latent_dist.mode()
+        mu = self.autoencoder.encode(self._encoder_input(video)).latent_dist.mode()
         mean, inv_std = self._stats(mu)
         return (mu - mean) * inv_std
 
@@ -269,10 +273,7 @@ class WanVAE(nn.Module):
         if (t - (0 if state is not None else 1)) % 4 != 0 or (state is not None and t == 0):
             raise ValueError(f"encode_causal takes 1 + 4k frames for a fresh clip, 4k after a state; got {t}")
         ae = self.autoencoder
-        weight = ae.encoder.conv_in.weight
-        x = video.to(weight.device, weight.dtype)
-        if x.device.type == "cpu":
-            x = x.contiguous(memory_format=torch.channels_last_3d)
+        x = self._encoder_input(video)
         if ae.config.patch_size is not None:
             x = _patchify(x, patch_size=ae.config.patch_size)
         if state is None:
