@@ -150,8 +150,16 @@ def _libero_5b() -> DreamZeroConfig:
     return DreamZeroConfig(
         name="libero_5b",
         dit=DiTConfig(
-            model_type="ti2v", frame_seqlen=50, in_dim=48, dim=3072, ffn_dim=14336, out_dim=48, num_heads=24,
-            num_layers=30, concat_first_frame_latent=False, num_action_per_block=16,
+            model_type="ti2v",
+            frame_seqlen=50,
+            in_dim=48,
+            dim=3072,
+            ffn_dim=14336,
+            out_dim=48,
+            num_heads=24,
+            num_layers=30,
+            concat_first_frame_latent=False,
+            num_action_per_block=16,
         ),
         image_encoder=None,
         vae=VAEConfig(kind="wan2.2", base_dim=160, z_dim=48, dim_mult=(1, 2, 4, 4), decoder_base_dim=256),
@@ -168,7 +176,13 @@ def _tiny() -> DreamZeroConfig:
     return DreamZeroConfig(
         name="tiny",
         dit=DiTConfig(
-            frame_seqlen=8, dim=64, ffn_dim=128, text_dim=32, num_heads=2, num_layers=2, hidden_size=32,
+            frame_seqlen=8,
+            dim=64,
+            ffn_dim=128,
+            text_dim=32,
+            num_heads=2,
+            num_layers=2,
+            hidden_size=32,
             image_dim=32,
         ),
         text_encoder=TextEncoderConfig(vocab_size=384, d_model=32, d_ff=64, num_heads=2, d_kv=16, num_layers=2),
