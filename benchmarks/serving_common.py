@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from serve_graph import codec, protocol
+from dreamzero_client.wire import codec, generations
 
 GEN = "/v1/actions/generations"
 MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}
@@ -128,7 +128,7 @@ def droid_observation(t: int, seed: int = 0) -> dict:
 def request_body(
     observation: dict, session_id: str, expected_step: int | None, prompt: str = "pick up the cup"
 ) -> bytes:
-    body = protocol.build_request_body(
+    body = generations.build_request_body(
         observation, [prompt], [session_id], expected_steps=None if expected_step is None else [expected_step]
     )
     return codec.encode_msgpack(body)

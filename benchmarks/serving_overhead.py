@@ -37,7 +37,7 @@ from serving_common import (  # noqa: E402
     write_section,
 )
 
-from serve_graph import codec  # noqa: E402
+from dreamzero_client.wire import codec
 
 
 def _embedded(form: str):

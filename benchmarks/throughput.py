@@ -43,7 +43,7 @@ from serving_common import (  # noqa: E402
     write_section,
 )
 
-from serve_graph import codec  # noqa: E402
+from dreamzero_client.wire import codec
 
 CONCURRENCY = (1, 4, 8, 16)
 STAGGERED = (

@@ -23,7 +23,8 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from deployments.preprocess import load_embodiment, openpi_key_map
 from dreamzero.errors import InvalidObservation, InvalidRequest, NotReady, PayloadTooLarge, Unauthorized
-from serve_graph import codec, protocol
+from dreamzero.types import ModelBatch
+from dreamzero_client.wire import codec, generations, openpi, replies, routes
 from serve_graph.config import parse_app_args
 from serve_graph.errors_http import classify, http_error_response, ws_error_frame
 from serve_graph.metrics import serving_metrics
@@ -100,7 +101,7 @@ class IngressDeployment:
     # ------------------------------------------------------------------------------------------------------------
     # 1. The graph (shared by HTTP and WebSocket)
     # ------------------------------------------------------------------------------------------------------------
-    async def run_graph(self, req: protocol.GenerationRequest) -> GraphReply:
+    async def run_graph(self, req: generations.GenerationRequest) -> GraphReply:
         timeout = self.cfg.http.request_timeout_s
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -109,7 +110,7 @@ class IngressDeployment:
             batch, ctx = await _bounded(self.preprocess.run.remote(req), timeout)
             timings["preprocess"] = (time.perf_counter() - t0) * 1000.0
         else:
-            batch = req.to_model_batch()
+            batch = ModelBatch.from_normalised(req)
         t1 = time.perf_counter()
         out = await _bounded(sticky_call(self.policy, "generate", req.route_key, batch), timeout)
         timings["policy"] = (time.perf_counter() - t1) * 1000.0
@@ -131,13 +132,13 @@ class IngressDeployment:
         try:
             flavour = codec.flavour_for_content_type(content_type)  # errors too answer in the client's codec
             obj, flavour = codec.decode_body(body, content_type)
-            req = protocol.parse_generation_request(obj, flavour, max_batch=self.cfg.sessions.max_sessions)
+            req = generations.parse_generation_request(obj, flavour, max_batch=self.cfg.sessions.max_sessions)
             form = req.form
             t_decode = (time.perf_counter() - t0) * 1000.0
             reply = await self.run_graph(req)
             timings = {"decode": t_decode, **reply.timings_ms}
             timings["ingress_total"] = (time.perf_counter() - t0) * 1000.0
-            resp = protocol.build_response(req, reply.actions, reply.sessions, timings)
+            resp = replies.build_response(req, reply.actions, reply.sessions, timings)
             resp["served_by"] = reply.replica
             resp["batch_requests"] = reply.batch_requests
             payload, ctype = codec.encode_body(resp, req.flavour)
@@ -148,7 +149,7 @@ class IngressDeployment:
             # error bodies follow the request's codec when it could be read (msgpack clients decode msgpack)
             payload, ctype = codec.encode_body(reply_err.body(), flavour)
             status, headers = reply_err.status, {"content-type": ctype, **reply_err.headers()}
-        self.metrics.requests.inc(1, tags={"route": protocol.GENERATIONS_PATH, "status": str(status), "form": form})
+        self.metrics.requests.inc(1, tags={"route": routes.GENERATIONS_PATH, "status": str(status), "form": form})
         return status, headers, payload
 
     async def health(self) -> dict:
@@ -185,7 +186,7 @@ class IngressDeployment:
             "action_dim": int(getattr(emb, "action_dim", info["max_action_dim"])),
             "padded_action_dim": info["max_action_dim"],
             "max_state_dim": info["max_state_dim"],
-            "forms": list(protocol.FORMS),
+            "forms": list(generations.FORMS),
             "defaults": {
                 "seed": info["default_seed"],
                 "response_format": "envelope",
@@ -200,7 +201,7 @@ class IngressDeployment:
         cfg = dict(self.embodiment.openpi_server_config())
         cfg.setdefault("action_horizon", info["action_horizon"])
         cfg.setdefault("action_dim", int(getattr(self.embodiment, "action_dim", info["max_action_dim"])))
-        return protocol.handshake_config(**cfg)
+        return openpi.handshake_config(**cfg)
 
     # ------------------------------------------------------------------------------------------------------------
     # 2. Auth and limits
@@ -243,7 +244,7 @@ class IngressDeployment:
         self._open_ws += 1
         self.metrics.ws_connections.set(self._open_ws)
         try:
-            await ws.send_bytes(protocol.pack_frame(await self.handshake()))
+            await ws.send_bytes(openpi.pack_frame(await self.handshake()))
             while True:
                 try:
                     message = await asyncio.wait_for(ws.receive(), self.cfg.http.ws_idle_timeout_s)
@@ -257,7 +258,7 @@ class IngressDeployment:
                     data = message.get("text")
                 if data is not None and len(data) > self.cfg.http.ws_max_message_bytes:
                     err = PayloadTooLarge(f"message exceeds the limit of {self.cfg.http.ws_max_message_bytes} bytes")
-                    await ws.send_bytes(protocol.pack_frame(ws_error_frame(err)))
+                    await ws.send_bytes(openpi.pack_frame(ws_error_frame(err)))
                     await ws.close(code=WS_TOO_BIG, reason="message too big")
                     return
                 reply, session = await self._ws_message(data, conn_id, session)
@@ -283,8 +284,8 @@ class IngressDeployment:
         try:
             if data is None:
                 raise InvalidRequest("empty frame; send a binary msgpack map")
-            msg, flavour = protocol.unpack_frame(data)
-            req = protocol.parse_openpi_request(msg, flavour)
+            msg, flavour = openpi.unpack_frame(data)
+            req = openpi.parse_openpi_request(msg, flavour)
             if session is None or session.session_id != req.session_id:
                 if session is not None:
                     await self._drop_ws_session(session)  # a new session id restarts: free the old state
@@ -292,19 +293,17 @@ class IngressDeployment:
             if req.endpoint == "reset":
                 session.buffers.clear()
                 session.reset_next, session.last_step, session.last_incarnation = True, None, None
-                return protocol.pack_frame(protocol.OPENPI_RESET_REPLY, flavour), session
+                return openpi.pack_frame(openpi.OPENPI_RESET_REPLY, flavour), session
             gen = self._openpi_to_request(req, session)
             reply = await self.run_graph(gen)
             report = reply.sessions[0]
             session.last_step, session.last_incarnation, session.reset_next = report.step, report.incarnation, False
             extra = {"session": report.to_dict(), "timings": reply.timings_ms} if req.reply_as_dict else None
-            return protocol.pack_frame(
-                protocol.infer_reply(reply.actions[0], req.reply_as_dict, extra), flavour
-            ), session
+            return openpi.pack_frame(openpi.infer_reply(reply.actions[0], req.reply_as_dict, extra), flavour), session
         except Exception as exc:  # noqa: BLE001 - reported to the client as an error frame
-            return protocol.pack_frame(ws_error_frame(exc), flavour), session
+            return openpi.pack_frame(ws_error_frame(exc), flavour), session
 
-    def _openpi_to_request(self, req: protocol.OpenPIRequest, session: _WsSession) -> protocol.GenerationRequest:
+    def _openpi_to_request(self, req: openpi.OpenPIRequest, session: _WsSession) -> generations.GenerationRequest:
         """OpenPI keys -> the embodiment's raw keys with a batch dim of 1; cameras go through the frame buffers."""
         obs: dict[str, np.ndarray] = {}
         first_call = session.reset_next
@@ -321,7 +320,7 @@ class IngressDeployment:
             raise InvalidObservation(
                 f"'{missing[0]}' is required for infer (OpenPI keys: {list(self.key_map)})", missing[0]
             )
-        return protocol.GenerationRequest(
+        return generations.GenerationRequest(
             prompts=[req.prompt or ""],
             observation=obs,
             session_ids=[session.model_id],
@@ -374,7 +373,7 @@ def build_fastapi_app(ingress: IngressDeployment) -> FastAPI:
     app = FastAPI(title="DreamZero policy server", docs_url=None, redoc_url=None, openapi_url=None)
     retry_after = ingress.cfg.http.retry_after_s
 
-    @app.post(protocol.GENERATIONS_PATH)
+    @app.post(routes.GENERATIONS_PATH)
     async def generations(request: Request) -> Response:
         try:
             ingress.check_auth(request.headers.get("authorization"))
@@ -382,13 +381,13 @@ def build_fastapi_app(ingress: IngressDeployment) -> FastAPI:
             body = await ingress.read_body(request)
         except Exception as exc:  # noqa: BLE001
             ingress.metrics.requests.inc(
-                1, tags={"route": protocol.GENERATIONS_PATH, "status": str(classify(exc).status), "form": "unknown"}
+                1, tags={"route": routes.GENERATIONS_PATH, "status": str(classify(exc).status), "form": "unknown"}
             )
             return http_error_response(exc, retry_after)
         status, headers, payload = await ingress.generate(body, request.headers.get("content-type"))
         return Response(payload, status_code=status, headers=headers)
 
-    @app.get(protocol.HEALTH_PATH)
+    @app.get(routes.HEALTH_PATH)
     async def health() -> Response:
         try:
             return JSONResponse(await ingress.health())
@@ -399,7 +398,7 @@ def build_fastapi_app(ingress: IngressDeployment) -> FastAPI:
     async def healthz() -> Response:
         return JSONResponse({"status": "ok"})  # liveness of the front door (openpi's check)
 
-    @app.get(protocol.METADATA_PATH)
+    @app.get(routes.METADATA_PATH)
     async def metadata(request: Request) -> Response:
         try:
             ingress.check_auth(request.headers.get("authorization"))
@@ -407,7 +406,7 @@ def build_fastapi_app(ingress: IngressDeployment) -> FastAPI:
         except Exception as exc:  # noqa: BLE001
             return http_error_response(exc, retry_after)
 
-    @app.get(protocol.MODELS_PATH)
+    @app.get(routes.MODELS_PATH)
     async def models(request: Request) -> Response:
         try:
             ingress.check_auth(request.headers.get("authorization"))
@@ -424,7 +423,7 @@ def build_fastapi_app(ingress: IngressDeployment) -> FastAPI:
         }
         return JSONResponse({"object": "list", "data": [entry]})
 
-    @app.websocket(protocol.OPENPI_WS_PATH)
+    @app.websocket(routes.OPENPI_WS_PATH)
     async def openpi_ws(websocket: WebSocket) -> None:
         await ingress.serve_websocket(websocket)
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dreamzero.embodiments import Embodiment, PostprocessContext, get_embodiment
 from dreamzero.errors import InvalidRequest
 from dreamzero.types import ModelBatch
-from serve_graph.protocol import OPENPI_DROID_KEY_MAP, GenerationRequest
+from dreamzero_client.wire.generations import GenerationRequest
+from dreamzero_client.wire.openpi import OPENPI_DROID_KEY_MAP
 
 
 def load_embodiment(tag: str, metadata_path: str | None = None, model_path: str | None = None) -> Embodiment:

@@ -10,16 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-#: why a session (re)started; reported per session in every response
-RESTART_REASONS = (
-    "new_session",  # never seen on this replica (first call, or it lived on a replica that died / scaled away)
-    "reset_requested",  # reset_mask[i] was true, or an explicit reset
-    "prompt_changed",  # the instruction differs from the session's cached one
-    "single_frame",  # a 1-frame input after the first call (reference servers restart on it)
-    "window_full",  # current_start_frame reached the attention window (after 4 chunks on DROID)
-    "step_mismatch",  # the client's expected step (or incarnation) differs from the state this replica holds
-    "evicted",  # the session was evicted (LRU/TTL) since its last call
-)
+from dreamzero_client.errors import InvalidRequest
+from dreamzero_client.wire.generations import GenerationRequest
+from dreamzero_client.wire.replies import RESTART_REASONS, SessionReport
+
+__all__ = ["RESTART_REASONS", "ChunkResult", "ModelBatch", "SessionReport"]
 
 
 @dataclass
@@ -46,27 +41,26 @@ class ModelBatch:
     def __len__(self) -> int:
         return len(self.session_ids)
 
-
-@dataclass
-class SessionReport:
-    """Per-session continuity report, returned for every row of every response."""
-
-    session_id: str
-    step: int  # number of chunks this session has produced on this replica, including this one (1 after a restart)
-    restarted: bool  # True if the state was (re)started for this call
-    restart_reason: str | None  # one of RESTART_REASONS when restarted, else None
-    frame_position: int  # current_start_frame after this call (latent frames)
-    incarnation: str | None = None  # random id of this session state, new at every (re)start; echo it back
-
-    def to_dict(self) -> dict:
-        return {
-            "session_id": self.session_id,
-            "step": self.step,
-            "restarted": self.restarted,
-            "restart_reason": self.restart_reason,
-            "frame_position": self.frame_position,
-            "incarnation": self.incarnation,
-        }
+    @classmethod
+    def from_normalised(cls, request: GenerationRequest) -> ModelBatch:
+        """A normalised-form request as it is (prompts are used as sent: RLinf formats them itself)."""
+        if request.form != "normalised":
+            raise InvalidRequest("only a normalised-form request maps directly onto a ModelBatch; run preprocess")
+        obs = request.observation
+        emb = obs.get("embodiment_id")
+        return cls(
+            images=obs["images"],
+            state=obs["state"],
+            state_mask=obs["state_mask"],
+            prompts=list(request.prompts),
+            session_ids=list(request.session_ids),
+            negative_prompts=request.negative_prompts,
+            reset_mask=list(request.reset_mask),
+            expected_steps=request.expected_steps,
+            expected_incarnations=request.expected_incarnations,
+            seeds=request.seeds,
+            embodiment_id=None if emb is None else [int(x) for x in emb],
+        )
 
 
 @dataclass

@@ -82,7 +82,8 @@ def validate_chunk(actions: Any, action_dim: int = ACTION_DIM) -> np.ndarray:
 def classify_failure(exc: BaseException) -> str:
     """Map a client exception onto a FAILURE_REASONS entry by what kind of failure it is.
 
-    Names rather than imports keep this module free of the client libraries (clients.errors, websockets, httpx).
+    Names rather than imports keep this module free of the client libraries
+    (dreamzero_client.errors, websockets, httpx).
     """
     if isinstance(exc, PolicyLinkError):
         return exc.reason
@@ -140,7 +141,7 @@ def openpi_request(frame: dict, instruction: str, session_id: str) -> dict:
 
 # 2. OpenPI WebSocket -------------------------------------------------------------------------------------------------
 class OpenPILink:
-    """Talks to the OpenPI WebSocket endpoint through `clients.openpi_client.OpenPIClient`.
+    """Talks to the OpenPI WebSocket endpoint through `dreamzero_client.openpi_client.OpenPIClient`.
 
     The connection is opened lazily and dropped after a transport failure, so the next episode reconnects (and fails
     fast with "server_unreachable" while the server is gone).
@@ -165,7 +166,7 @@ class OpenPILink:
         self.server_metadata: dict | None = None
 
     def _default_factory(self):
-        from clients.openpi_client import OpenPIClient
+        from dreamzero_client.openpi_client import OpenPIClient
 
         return OpenPIClient(
             self.host,
@@ -227,7 +228,7 @@ class OpenPILink:
 
 # 3. HTTP action endpoint (raw form) -----------------------------------------------------------------------------------
 class HttpLink:
-    """Talks to `POST /v1/actions/generations` through `clients.http_client.ActionClient`, raw form, one row."""
+    """`POST /v1/actions/generations` through `dreamzero_client.http_client.ActionClient`, raw form, one row."""
 
     name = "http"
 
@@ -240,7 +241,7 @@ class HttpLink:
         client=None,
     ):
         if client is None:
-            from clients.http_client import ActionClient
+            from dreamzero_client.http_client import ActionClient
 
             # fewer retries than the client's default: a dead server should fail an episode in seconds, not minutes
             client = ActionClient(base_url, api_key=api_key, timeout_s=timeout_s, max_retries=max_retries)

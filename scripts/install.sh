@@ -11,7 +11,7 @@ if ! command -v nvidia-smi >/dev/null 2>&1 && ! .venv/bin/python -c "import torc
   # where a local CPU wheel of 2.13.0 is offered (as on our CI machines) this takes seconds; else pip resolves below
   .venv/bin/pip install -q "torch==2.13.0" || echo "torch==2.13.0 not available: letting pip resolve torch>=2.4"
 fi
-.venv/bin/pip install -q -e ".[sim,dev]"
+.venv/bin/pip install -q -e ./clients -e ".[sim,dev]"
 # Headless rendering for the MuJoCo scene (Mesa EGL); best effort, the libraries are usually already present.
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
   if ! ldconfig -p | grep -q libEGL_mesa; then

@@ -26,7 +26,6 @@ STATUS_TABLE: tuple[tuple[type[BaseException], int], ...] = (
     (errors.InvalidObservation, 422),
     (errors.InvalidRequest, 400),
     (errors.Unauthorized, 401),
-    (errors.SessionMismatch, 409),
     (errors.CapacityError, 503),
     (errors.NotReady, 503),
     # Ray-side conditions a client should retry: queue full, replica gone or restarting, graph timeout.

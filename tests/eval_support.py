@@ -14,8 +14,8 @@ import torch
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import serve
 
+from dreamzero_client.wire import openpi
 from eval.policy_links import ChunkReply, PolicyLinkError
-from serve_graph import protocol
 
 IMAGE_KEYS = ("observation/exterior_image_0_left", "observation/exterior_image_1_left", "observation/wrist_image_left")
 
@@ -53,13 +53,13 @@ class FakeOpenPIServer:
         self.stopped = threading.Event()
 
     def _handle(self, ws) -> None:
-        ws.send(protocol.pack_frame(protocol.handshake_config(action_horizon=24, action_dim=8)))
+        ws.send(openpi.pack_frame(openpi.handshake_config(action_horizon=24, action_dim=8)))
         try:
             for raw in ws:
-                msg, _ = protocol.unpack_frame(raw)
+                msg, _ = openpi.unpack_frame(raw)
                 if msg.get("endpoint") == "reset":
                     self.resets.append(msg.get("session_id"))
-                    ws.send(protocol.pack_frame({"status": "reset successful"}))
+                    ws.send(openpi.pack_frame({"status": "reset successful"}))
                     continue
                 with self._lock:
                     self.infer_calls += 1
@@ -68,14 +68,12 @@ class FakeOpenPIServer:
                 for key in IMAGE_KEYS:  # the DROID wire size after resize_with_pad
                     assert np.asarray(msg[key]).shape == (180, 320, 3), (key, np.asarray(msg[key]).shape)
                 if n in self.error_at:
-                    ws.send(
-                        protocol.pack_frame(protocol.error_frame("Internal inference error", code="internal_error"))
-                    )
+                    ws.send(openpi.pack_frame(openpi.error_frame("Internal inference error", code="internal_error")))
                     continue
                 chunk = drift_chunk(np.asarray(msg["observation/joint_position"], dtype=np.float64))
                 if n in self.bad_chunk_at:
                     chunk[3, 2] = np.nan
-                ws.send(protocol.pack_frame(protocol.infer_reply(chunk, as_dict=self.reply_as_dict)))
+                ws.send(openpi.pack_frame(openpi.infer_reply(chunk, as_dict=self.reply_as_dict)))
                 if self.stop_after is not None and n >= self.stop_after:
                     threading.Thread(target=self.stop, daemon=True).start()
                     return

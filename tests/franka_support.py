@@ -193,7 +193,7 @@ class ScriptedOperator:
     `waits` answers successive `wait` calls (default: START / NEXT, i.e. unattended)."""
 
     def __init__(self, at_poll: dict | None = None, waits: list | None = None):
-        from clients.franka.operator import Operator
+        from dreamzero_client.franka.operator import Operator
 
         self._base = Operator()
         self.at_poll = at_poll or {}

@@ -13,9 +13,9 @@ import httpx
 import numpy as np
 import pytest
 
-from clients.errors import AuthenticationError, BadRequestError
-from clients.http_client import ActionClient
-from clients.openpi_client import OpenPIClient
+from dreamzero_client.errors import AuthenticationError, BadRequestError
+from dreamzero_client.http_client import ActionClient
+from dreamzero_client.openpi_client import OpenPIClient
 from tests.cluster.conftest import API_KEY
 from tests.graph.helpers import droid_raw_observation, openpi_droid_observation
 

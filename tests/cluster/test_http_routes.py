@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from serve_graph import codec
+from dreamzero_client.wire import codec
 from tests.cluster.conftest import AUTH, METRICS_URL
 from tests.graph.helpers import decode, normalised_body, raw_body
 

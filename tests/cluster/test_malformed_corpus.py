@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from serve_graph import codec, protocol
+from dreamzero_client.wire import codec, generations
 from tests.cluster.conftest import AUTH
 from tests.graph.helpers import decode, droid_raw_observation, normalised_body, normalised_observation
 
@@ -24,7 +24,7 @@ def _nd(dtype: str, shape: list, data: bytes) -> dict:
 
 def _normalised(**changes) -> dict:
     """A valid normalised body (as a decoded dict) with `changes` applied to observation / parameters / top level."""
-    body = protocol.build_request_body(normalised_observation(1), ["p"], ["corpus"])
+    body = generations.build_request_body(normalised_observation(1), ["p"], ["corpus"])
     for path, value in changes.items():
         target = body
         *parents, leaf = path.split("__")
@@ -45,7 +45,7 @@ def _raw(**obs_changes) -> dict:
             obs.pop(key)
         else:
             obs[key] = value
-    return protocol.build_request_body(obs, ["pick"], ["corpus-raw"])
+    return generations.build_request_body(obs, ["pick"], ["corpus-raw"])
 
 
 _DELETE = object()
@@ -112,7 +112,7 @@ CORPUS = [
     ("session-id-not-string", mp(_normalised(parameters__session_ids=[5])), MP, 422, "parameters.session_ids"),
     (
         "duplicate-session-ids",
-        mp(protocol.build_request_body(normalised_observation(2), ["p", "p"], ["d", "d"])),
+        mp(generations.build_request_body(normalised_observation(2), ["p", "p"], ["d", "d"])),
         MP,
         422,
         "parameters.session_ids",

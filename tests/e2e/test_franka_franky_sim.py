@@ -107,8 +107,8 @@ def _steps(episode_dir: Path) -> list[dict]:
 
 
 def test_two_episodes_through_the_cli_with_a_session_reset_between(franky_sim, tmp_path, capsys):
-    from clients.franka.cli import main
-    from clients.franka.safety import SafetyConfig
+    from dreamzero_client.franka.cli import main
+    from dreamzero_client.franka.safety import SafetyConfig
 
     with FakeOpenPIServer() as server:
         code = main(
@@ -164,12 +164,12 @@ def test_two_episodes_through_the_cli_with_a_session_reset_between(franky_sim, t
 
 
 def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
-    from clients.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
-    from clients.franka.kinematics import tcp_position
-    from clients.franka.loop import EpisodeRunner, LoopConfig
-    from clients.franka.policy import DroidPolicy
-    from clients.franka.sim_backends import SyntheticCamera
-    from clients.openpi_client import OpenPIClient
+    from dreamzero_client.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
+    from dreamzero_client.franka.kinematics import tcp_position
+    from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
+    from dreamzero_client.franka.policy import DroidPolicy
+    from dreamzero_client.franka.sim_backends import SyntheticCamera
+    from dreamzero_client.openpi_client import OpenPIClient
 
     config = FrankyConfig(franky_sim, realtime=False)
     cameras = {role: SyntheticCamera(role) for role in ("exterior_0", "exterior_1", "wrist")}
@@ -197,7 +197,7 @@ def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
             after = robot.observe()
 
             # the backend itself refuses targets outside the hardware limits or non-finite ones
-            from clients.franka.contracts import RobotFault
+            from dreamzero_client.franka.contracts import RobotFault
 
             for bad in (after.joint_positions + np.array([3.0, 0, 0, 0, 0, 0, 0]), np.full(7, np.nan)):
                 with pytest.raises(RobotFault):
@@ -271,11 +271,11 @@ def live_server(tmp_path_factory):
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_two_episodes_against_the_live_server(franky_sim, live_server, tmp_path):
-    from clients.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
-    from clients.franka.loop import EpisodeRunner, LoopConfig
-    from clients.franka.policy import DroidPolicy
-    from clients.franka.sim_backends import SyntheticCamera
-    from clients.openpi_client import OpenPIClient
+    from dreamzero_client.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
+    from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
+    from dreamzero_client.franka.policy import DroidPolicy
+    from dreamzero_client.franka.sim_backends import SyntheticCamera
+    from dreamzero_client.openpi_client import OpenPIClient
 
     config = FrankyConfig(franky_sim, realtime=False)
     cameras = {role: SyntheticCamera(role) for role in ("exterior_0", "exterior_1", "wrist")}
@@ -316,7 +316,7 @@ def test_two_episodes_against_the_live_server(franky_sim, live_server, tmp_path)
 @pytest.mark.timeout(900)
 def test_http_transport_against_the_live_server(live_server, tmp_path):
     """The same loop over `POST /v1/actions/generations` (raw form), on the simulated arm."""
-    from clients.franka.cli import main
+    from dreamzero_client.franka.cli import main
 
     http_url = live_server.split("/v1/")[0].replace("ws://", "http://")
     code = main(

@@ -25,7 +25,7 @@ import websockets
 import yaml
 from websockets.sync.client import connect as ws_connect
 
-from clients.openpi_client import OpenPIClient
+from dreamzero_client.openpi_client import OpenPIClient
 from tests.graph.helpers import decode, openpi_droid_observation, raw_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from serve_graph import codec, protocol
+from dreamzero_client.wire import codec, generations
 
 DROID_VIEWS = ("video.exterior_image_1_left", "video.exterior_image_2_left", "video.wrist_image_left")
 
@@ -47,7 +47,7 @@ def normalised_observation(b: int = 2, t: int = 1, hw: tuple[int, int] = (64, 12
 
 
 def raw_body(session_ids: list[str], t: int = 1, flavour: str = codec.OPENPI, **kwargs) -> bytes:
-    body = protocol.build_request_body(
+    body = generations.build_request_body(
         droid_raw_observation(len(session_ids), t), ["pick up the cup"] * len(session_ids), session_ids, **kwargs
     )
     return codec.encode_body(body, flavour)[0]
@@ -56,7 +56,9 @@ def raw_body(session_ids: list[str], t: int = 1, flavour: str = codec.OPENPI, **
 def normalised_body(session_ids: list[str], t: int = 1, flavour: str = codec.OPENPI, **kwargs) -> bytes:
     """RLinf's normalised form; T=1 starts a session, later calls send 4-frame stacks (1 frame would restart it)."""
     b = len(session_ids)
-    body = protocol.build_request_body(normalised_observation(b, t), ["a formatted prompt"] * b, session_ids, **kwargs)
+    body = generations.build_request_body(
+        normalised_observation(b, t), ["a formatted prompt"] * b, session_ids, **kwargs
+    )
     return codec.encode_body(body, flavour)[0]
 
 

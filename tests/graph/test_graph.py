@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serve_graph import codec
+from dreamzero_client.wire import codec
 from tests.graph.helpers import content_type, decode, normalised_body, raw_body
 
 TIMEOUT_S = 120

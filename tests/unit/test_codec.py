@@ -1,4 +1,4 @@
-"""serve_graph.codec: both NumPy marker flavours, JSON, content types, and rejection of unsafe or malformed input."""
+"""dreamzero_client.wire.codec: both NumPy marker flavours, JSON, content types, rejection of unsafe input."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dreamzero.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
-from serve_graph import codec
+from dreamzero_client.wire import codec
 
 
 def _openpi_pack(obj) -> bytes:

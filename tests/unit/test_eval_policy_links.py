@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from clients.errors import PolicyServerError, ProtocolError, ReplyTimeout, ServerUnavailableError
 from dreamzero.errors import ConfigError
+from dreamzero_client.errors import PolicyServerError, ProtocolError, ReplyTimeout, ServerUnavailableError
 from eval.policy_links import (
     FRAME_OFFSETS,
     HttpLink,

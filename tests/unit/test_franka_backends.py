@@ -10,17 +10,17 @@ import types
 import numpy as np
 import pytest
 
-from clients.franka.contracts import DeviceError
-from clients.franka.images import resize_with_pad
-from clients.franka.policy import DroidPolicy, HttpTransport, PolicyError, connect_policy
-from clients.franka.safety import ChunkRejected
-from clients.franka.sim_backends import SimRobot
 from dreamzero.errors import ConfigError, InvalidObservation, MissingDependency
+from dreamzero_client.franka.contracts import DeviceError
+from dreamzero_client.franka.images import resize_with_pad
+from dreamzero_client.franka.policy import DroidPolicy, HttpTransport, PolicyError, connect_policy
+from dreamzero_client.franka.safety import ChunkRejected
+from dreamzero_client.franka.sim_backends import SimRobot
 from tests.franka_support import ScriptedTransport
 
 
 def test_missing_hardware_libraries_say_what_to_install(monkeypatch):
-    from clients.franka import franky_backend, realsense
+    from dreamzero_client.franka import franky_backend, realsense
 
     monkeypatch.setitem(sys.modules, "franky", None)  # makes `import franky` raise ImportError
     monkeypatch.setitem(sys.modules, "pyrealsense2", None)
@@ -71,7 +71,7 @@ def _fake_pyrealsense2(frame: np.ndarray | None, started: list):
 
 
 def test_realsense_converts_bgr_to_rgb(monkeypatch):
-    from clients.franka.realsense import RealSenseCamera
+    from dreamzero_client.franka.realsense import RealSenseCamera
 
     bgr = np.zeros((480, 640, 3), np.uint8)
     bgr[..., 0] = 200  # blue in BGR
@@ -86,7 +86,7 @@ def test_realsense_converts_bgr_to_rgb(monkeypatch):
 
 
 def test_realsense_frame_timeout_is_a_device_error(monkeypatch):
-    from clients.franka.realsense import RealSenseCamera
+    from dreamzero_client.franka.realsense import RealSenseCamera
 
     monkeypatch.setitem(sys.modules, "pyrealsense2", _fake_pyrealsense2(None, []))
     with RealSenseCamera("wrist", "x") as cam, pytest.raises(DeviceError, match="no frame within 1000 ms"):
@@ -102,7 +102,8 @@ def test_devices_require_connect():
 
 def test_client_package_stays_light():
     code = (
-        "import sys, clients.franka.cli, clients.franka.loop, clients.franka.franky_backend, clients.franka.realsense;"
+        "import sys, dreamzero_client.franka.cli, dreamzero_client.franka.loop;"
+        "import dreamzero_client.franka.franky_backend, dreamzero_client.franka.realsense;"
         "heavy = [m for m in ('torch', 'ray', 'franky', 'pyrealsense2', 'transformers') if m in sys.modules];"
         "print(heavy)"
     )

@@ -14,10 +14,10 @@ import types
 import numpy as np
 import pytest
 
-from clients.franka.contracts import DeviceError, RobotFault
-from clients.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
-from clients.franka.safety import DROID_HOME
 from dreamzero.errors import ConfigError
+from dreamzero_client.franka.contracts import DeviceError, RobotFault
+from dreamzero_client.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
+from dreamzero_client.franka.safety import DROID_HOME
 
 
 def _fake_franky(calls: list, fail_move: list):

@@ -8,12 +8,12 @@ import time
 import numpy as np
 import pytest
 
-from clients.franka.loop import EpisodeRunner, LoopConfig
-from clients.franka.operator import Command
-from clients.franka.policy import DroidPolicy
-from clients.franka.safety import DROID_HOME, SafetyConfig, SafetyFilter
-from clients.franka.sim_backends import SimGripper, SimRobot, SyntheticCamera
 from dreamzero.errors import ConfigError
+from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
+from dreamzero_client.franka.operator import Command
+from dreamzero_client.franka.policy import DroidPolicy
+from dreamzero_client.franka.safety import DROID_HOME, SafetyConfig, SafetyFilter
+from dreamzero_client.franka.sim_backends import SimGripper, SimRobot, SyntheticCamera
 from tests.franka_support import ScriptedOperator, ScriptedTransport, chunk_near
 
 HZ = 50.0  # faster than 15 Hz so the tests take well under a second per episode

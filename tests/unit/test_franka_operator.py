@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from clients.franka.operator import Command, ConsoleOperator, Operator, parse_command
+from dreamzero_client.franka.operator import Command, ConsoleOperator, Operator, parse_command
 
 
 @pytest.mark.parametrize(

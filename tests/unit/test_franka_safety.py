@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clients.franka.kinematics import flange_pose, tcp_position
-from clients.franka.safety import (
+from dreamzero.errors import ConfigError
+from dreamzero_client.franka.kinematics import flange_pose, tcp_position
+from dreamzero_client.franka.safety import (
     DROID_HOME,
     ChunkRejected,
     SafetyConfig,
@@ -15,7 +16,6 @@ from clients.franka.safety import (
     binarize_gripper,
     validate_chunk,
 )
-from dreamzero.errors import ConfigError
 
 EPS = 1e-9
 

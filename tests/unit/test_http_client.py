@@ -1,4 +1,4 @@
-"""clients.http_client against a local fake action server with scripted failures (127.0.0.1, stops itself)."""
+"""dreamzero_client.http_client against a local fake action server with scripted failures (127.0.0.1, stops itself)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from clients.errors import (
+from dreamzero.errors import DreamZeroError
+from dreamzero.types import SessionReport
+from dreamzero_client.errors import (
     AuthenticationError,
     BadRequestError,
     ProtocolError,
     ReadyTimeout,
     ServerUnavailableError,
 )
-from clients.http_client import ActionClient, is_loopback, parse_retry_after
-from dreamzero.errors import DreamZeroError
-from dreamzero.types import SessionReport
-from serve_graph import codec, protocol
+from dreamzero_client.http_client import ActionClient, is_loopback, parse_retry_after
+from dreamzero_client.wire import codec, generations, replies, routes
 
 H, D = 4, 8
 
@@ -56,15 +56,15 @@ class FakeActionServer:
 
             def do_GET(self):
                 fake.requests.append({"path": self.path, "headers": dict(self.headers)})
-                if self.path == protocol.HEALTH_PATH:
+                if self.path == routes.HEALTH_PATH:
                     status = fake.health_script.pop(0) if fake.health_script else 200
                     self._send(status, {"status": "ok" if status == 200 else "loading"})
-                elif self.path == protocol.METADATA_PATH:
+                elif self.path == routes.METADATA_PATH:
                     self._send(200, {"policy": "dreamzero", "action_horizon": H, "action_dim": D})
-                elif self.path == protocol.MODELS_PATH:
+                elif self.path == routes.MODELS_PATH:
                     self._send(200, {"object": "list", "data": [{"id": "dreamzero"}]})
                 else:
-                    self._send(404, protocol.error_body("not_found", f"no route {self.path}"))
+                    self._send(404, replies.error_body("not_found", f"no route {self.path}"))
 
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
@@ -78,12 +78,12 @@ class FakeActionServer:
                         return self._send(status, reply, headers)
                 try:
                     obj, flavour = codec.decode_body(body, self.headers.get("Content-Type"))
-                    req = protocol.parse_generation_request(obj, flavour)
+                    req = generations.parse_generation_request(obj, flavour)
                 except DreamZeroError as e:
-                    return self._send(422, protocol.error_body(e.code, str(e), getattr(e, "field", None)))
+                    return self._send(422, replies.error_body(e.code, str(e), getattr(e, "field", None)))
                 reports = [fake._advance(req, i) for i in range(req.batch_size)]
                 actions = np.arange(req.batch_size * H * D, dtype=np.float32).reshape(req.batch_size, H, D)
-                reply = protocol.build_response(req, actions, reports, {"denoise": 1.0})
+                reply = replies.build_response(req, actions, reports, {"denoise": 1.0})
                 self._send(200, reply, flavour=req.flavour)
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -93,7 +93,7 @@ class FakeActionServer:
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
-    def _advance(self, req: protocol.GenerationRequest, i: int) -> SessionReport:
+    def _advance(self, req: generations.GenerationRequest, i: int) -> SessionReport:
         sid = req.session_ids[i]
         expected = req.expected_steps[i] if req.expected_steps else None
         reason = None
@@ -194,7 +194,7 @@ def test_argument_errors_are_caught_before_sending(server):
 
 
 def test_retries_5xx_then_succeeds(server):
-    err = protocol.error_body("no_capacity", "queue full")
+    err = replies.error_body("no_capacity", "queue full")
     server.script = [(503, {"Retry-After": "0"}, err), (502, {}, err), (500, {}, err), (504, {}, err)]
     with _client(server) as client:
         r = client.generate(_obs(), "pick", "x")
@@ -212,7 +212,7 @@ def test_backoff_is_linear(server):
 
 
 def test_retry_after_is_honoured(server):
-    server.script = [(503, {"Retry-After": "1"}, protocol.error_body("no_capacity", "full"))]
+    server.script = [(503, {"Retry-After": "1"}, replies.error_body("no_capacity", "full"))]
     with _client(server, backoff_s=0.0) as client:
         t0 = time.monotonic()
         client.generate(_obs(), "pick", "x")
@@ -220,7 +220,7 @@ def test_retry_after_is_honoured(server):
 
 
 def test_retries_exhausted_raise_server_unavailable_with_message(server):
-    server.script = [(503, {"Retry-After": "0"}, protocol.error_body("not_ready", "model loading"))] * 10
+    server.script = [(503, {"Retry-After": "0"}, replies.error_body("not_ready", "model loading"))] * 10
     with _client(server, max_retries=2) as client, pytest.raises(ServerUnavailableError) as info:
         client.generate(_obs(), "pick", "x")
     assert info.value.attempts == 3 and info.value.status == 503 and info.value.server_message == "model loading"
@@ -229,7 +229,7 @@ def test_retries_exhausted_raise_server_unavailable_with_message(server):
 
 @pytest.mark.parametrize("status", [400, 404, 413, 415, 422])
 def test_4xx_is_not_retried_and_carries_server_message(server, status):
-    body = protocol.error_body("invalid_observation", "bad state shape", "input.observation.state")
+    body = replies.error_body("invalid_observation", "bad state shape", "input.observation.state")
     server.script = [(status, {}, body)]
     with _client(server) as client, pytest.raises(BadRequestError) as info:
         client.generate(_obs(), "pick", "x")
@@ -250,7 +250,7 @@ def test_real_parser_error_reaches_client_with_field(server):
 
 
 def test_401_is_authentication_error(server):
-    server.script = [(401, {}, protocol.error_body("unauthorized", "missing API key"))]
+    server.script = [(401, {}, replies.error_body("unauthorized", "missing API key"))]
     with _client(server) as client, pytest.raises(AuthenticationError, match="missing API key"):
         client.generate(_obs(), "pick", "x")
 
@@ -318,7 +318,8 @@ def test_helpers():
 
 def test_clients_import_neither_torch_nor_ray():
     code = (
-        "import sys, clients.http_client, clients.openpi_client, clients.errors, serve_graph.protocol\n"
+        "import sys, dreamzero_client.http_client, dreamzero_client.openpi_client, dreamzero_client.errors\n"
+        "import dreamzero_client.wire.generations, dreamzero_client.wire.openpi, dreamzero_client.wire.replies\n"
         "bad = [m for m in ('torch', 'ray') if m in sys.modules]\n"
         "assert not bad, bad\n"
     )

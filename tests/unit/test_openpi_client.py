@@ -1,4 +1,4 @@
-"""clients.openpi_client against a small local fake OpenPI websockets server (127.0.0.1, stops itself)."""
+"""dreamzero_client.openpi_client against a small local fake OpenPI websockets server (127.0.0.1, stops itself)."""
 
 from __future__ import annotations
 
@@ -12,18 +12,18 @@ from websockets.datastructures import Headers
 from websockets.http11 import Response
 from websockets.sync.server import serve
 
-from clients.errors import (
+from dreamzero_client.errors import (
     AuthenticationError,
     PolicyServerError,
     ProtocolError,
     ReplyTimeout,
     ServerUnavailableError,
 )
-from clients.openpi_client import OpenPIClient, build_uri
-from serve_graph import protocol
+from dreamzero_client.openpi_client import OpenPIClient, build_uri
+from dreamzero_client.wire import openpi
 
 ACTIONS = np.arange(24 * 8, dtype=np.float32).reshape(24, 8)
-HANDSHAKE = protocol.handshake_config(action_horizon=24, action_dim=8)
+HANDSHAKE = openpi.handshake_config(action_horizon=24, action_dim=8)
 
 
 class FakeOpenPIServer:
@@ -48,15 +48,15 @@ class FakeOpenPIServer:
 
         def handler(ws):
             self.connections += 1
-            ws.send(protocol.pack_frame(dict(HANDSHAKE, connection=self.connections)))
+            ws.send(openpi.pack_frame(dict(HANDSHAKE, connection=self.connections)))
             for raw in ws:
-                msg, _ = protocol.unpack_frame(raw)
+                msg, _ = openpi.unpack_frame(raw)
                 self.received.append(msg)
                 if msg.get("endpoint") == "reset":
                     if self.mode == "text":
                         ws.send("reset successful")
                     else:
-                        ws.send(protocol.pack_frame(protocol.OPENPI_RESET_REPLY))
+                        ws.send(openpi.pack_frame(openpi.OPENPI_RESET_REPLY))
                     continue
                 if self.mode == "close_once":
                     self.mode = "dict"
@@ -65,17 +65,15 @@ class FakeOpenPIServer:
                 if self.mode == "silent":
                     continue
                 if self.mode == "array":
-                    ws.send(protocol.pack_frame(protocol.infer_reply(ACTIONS, as_dict=False)))
+                    ws.send(openpi.pack_frame(openpi.infer_reply(ACTIONS, as_dict=False)))
                 elif self.mode == "dict":
-                    ws.send(protocol.pack_frame(protocol.infer_reply(ACTIONS, as_dict=True, extra={"server_ms": 3})))
+                    ws.send(openpi.pack_frame(openpi.infer_reply(ACTIONS, as_dict=True, extra={"server_ms": 3})))
                 elif self.mode == "list":
                     ws.send(msgpack.packb(ACTIONS.tolist()))
                 elif self.mode == "text":
                     ws.send("Traceback (most recent call last): boom")
                 elif self.mode == "error":
-                    ws.send(
-                        protocol.pack_frame(protocol.error_frame("Invalid request payload", code="invalid_request"))
-                    )
+                    ws.send(openpi.pack_frame(openpi.error_frame("Invalid request payload", code="invalid_request")))
 
         self._server = serve(handler, "127.0.0.1", 0, process_request=process_request, compression=None)
         self.port = self._server.socket.getsockname()[1]

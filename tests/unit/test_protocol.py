@@ -1,4 +1,4 @@
-"""serve_graph.protocol: request parsing (both forms, errors naming fields), responses, OpenPI frames."""
+"""dreamzero_client.wire: request parsing (both forms, errors naming fields), responses, OpenPI frames."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from dreamzero.errors import InvalidObservation, InvalidRequest
-from dreamzero.types import SessionReport
-from serve_graph import codec, protocol
+from dreamzero.types import ModelBatch, SessionReport
+from dreamzero_client.wire import codec, generations, openpi, replies
 
 B = 2
 
@@ -57,28 +57,28 @@ def _raw_body(b: int = B) -> dict:
 
 def test_rlinf_normalised_body_round_trips_through_codec_and_parser():
     data, ctype = codec.encode_body(_rlinf_body(), codec.OPENPI)
-    req = protocol.parse_generation_request(*codec.decode_body(data, ctype))
+    req = generations.parse_generation_request(*codec.decode_body(data, ctype))
     assert req.form == "normalised" and req.batch_size == B and req.flavour == codec.OPENPI
     assert req.reset_mask == [True, True] and req.seeds == [1140, 1140]
     assert req.observation["state"].dtype == np.float32 and req.observation["state_mask"].dtype == bool
     assert req.route_key == "rlinf-eval-r0-stage0-slot0"
-    batch = req.to_model_batch()
+    batch = ModelBatch.from_normalised(req)
     assert batch.images.shape == (B, 1, 16, 32, 3) and batch.embodiment_id == [0, 0] and len(batch) == B
 
 
 def test_raw_body_infers_raw_form_flattens_nested_keys_and_broadcasts_prompt():
-    req = protocol.parse_generation_request(_raw_body())
+    req = generations.parse_generation_request(_raw_body())
     assert req.form == "raw"
     assert set(req.observation) == {"video.exterior_image_1_left", "state.joint_position"}
     assert req.prompts == ["pick up the cube"] * B
     assert req.expected_steps == [None, 3] and req.reset_mask == [False, False]
     with pytest.raises(InvalidRequest, match="normalised"):
-        req.to_model_batch()
+        ModelBatch.from_normalised(req)
 
 
 def test_json_lists_become_arrays_with_canonical_dtypes():
     body = json.loads(codec.encode_json(_rlinf_body()))
-    req = protocol.parse_generation_request(body, flavour=codec.JSON)
+    req = generations.parse_generation_request(body, flavour=codec.JSON)
     assert req.observation["images"].dtype == np.uint8
     assert req.observation["state"].dtype == np.float32
     assert req.observation["state_mask"].dtype == bool and req.flavour == codec.JSON
@@ -89,7 +89,7 @@ def test_explicit_form_and_options():
     body["input"]["form"] = "raw"
     body["parameters"].update(routing_key="robot-7", seed=[1, 2], negative_prompts="blurry")
     body["runtime"] = {"response_format": "raw", "output_format": "list"}
-    req = protocol.parse_generation_request(body)
+    req = generations.parse_generation_request(body)
     assert (req.route_key, req.seeds, req.negative_prompts) == ("robot-7", [1, 2], ["blurry", "blurry"])
     assert (req.response_format, req.output_format) == ("raw", "list")
 
@@ -146,7 +146,7 @@ def _mutate(path: str, value):
 )  # fmt: skip
 def test_each_violation_names_its_field(path, value, field, match):
     with pytest.raises(InvalidObservation, match=match) as info:
-        protocol.parse_generation_request(_mutate(path, value))
+        generations.parse_generation_request(_mutate(path, value))
     assert info.value.field == field
     assert field.split("[")[0] in str(info.value)
 
@@ -154,7 +154,7 @@ def test_each_violation_names_its_field(path, value, field, match):
 @pytest.mark.parametrize("body", [[1], {"input": "x"}, {"parameters": {}}, {"input": {}, "parameters": 3}])
 def test_structural_errors_are_400(body):
     with pytest.raises(InvalidRequest) as info:
-        protocol.parse_generation_request(body)
+        generations.parse_generation_request(body)
     assert not isinstance(info.value, InvalidObservation)
 
 
@@ -162,10 +162,10 @@ def test_raw_form_checks_batch_dimension_and_max_batch():
     body = _raw_body()
     body["input"]["observation"]["state"]["joint_position"] = np.zeros((3, 1, 7))
     with pytest.raises(InvalidObservation, match=r"leading batch dimension of 2.*\[3, 1, 7\]") as info:
-        protocol.parse_generation_request(body)
+        generations.parse_generation_request(body)
     assert info.value.field == "input.observation.state.joint_position"
     with pytest.raises(InvalidObservation, match="at most 1"):
-        protocol.parse_generation_request(_raw_body(), max_batch=1)
+        generations.parse_generation_request(_raw_body(), max_batch=1)
 
 
 def test_normalised_form_accepts_state_without_time_axis_and_images_without_t():
@@ -173,7 +173,7 @@ def test_normalised_form_accepts_state_without_time_axis_and_images_without_t():
     obs = body["input"]["observation"]
     obs["state"], obs["state_mask"] = obs["state"][:, 0], obs["state_mask"][:, 0]
     obs["images"] = obs["images"][:, 0]
-    req = protocol.parse_generation_request(body)
+    req = generations.parse_generation_request(body)
     assert req.observation["state"].shape == (B, 1, 64) and req.observation["images"].shape == (B, 1, 16, 32, 3)
 
 
@@ -185,9 +185,9 @@ def _reports(b=B):
 
 
 def test_envelope_response_has_sglang_path_and_our_extras():
-    req = protocol.parse_generation_request(_rlinf_body())
+    req = generations.parse_generation_request(_rlinf_body())
     actions = np.random.default_rng(0).normal(size=(B, 24, 32)).astype(np.float64)
-    resp = protocol.build_response(req, actions, _reports(), {"denoise": 12.5})
+    resp = replies.build_response(req, actions, _reports(), {"denoise": 12.5})
     assert resp["object"] == "action.generation" and resp["id"].startswith("act_") and resp["model"] == req.model
     action = resp["data"][0]["action"]
     assert action["shape"] == [B, 24, 32] and action["dtype"] == "float32" and action["values"].dtype == np.float32
@@ -196,39 +196,41 @@ def test_envelope_response_has_sglang_path_and_our_extras():
     # what RLinf does with it after the wire
     back = codec.decode_msgpack(codec.encode_msgpack(resp))[0]
     np.testing.assert_allclose(back["data"][0]["action"]["values"], actions.astype(np.float32))
-    parsed = protocol.parse_actions_response(back)
+    parsed = replies.parse_actions_response(back)
     assert parsed.actions.shape == (B, 24, 32) and parsed.sessions[0]["step"] == 1 and parsed.form == "normalised"
 
 
 def test_raw_response_format_and_list_output():
     body = _raw_body()
     body["runtime"] = {"response_format": "raw", "output_format": "list"}
-    req = protocol.parse_generation_request(body)
-    resp = protocol.build_response(req, np.ones((B, 4, 8)), _reports())
+    req = generations.parse_generation_request(body)
+    resp = replies.build_response(req, np.ones((B, 4, 8)), _reports())
     assert set(resp) >= {"request_id", "actions", "parameters", "sessions", "timings", "form"}
     assert isinstance(resp["actions"], list) and resp["parameters"]["session_ids"] == ["s0", "s1"]
     json.dumps(resp)  # list output is JSON-serialisable as is
-    assert protocol.parse_actions_response(resp).actions.shape == (B, 4, 8)
+    assert replies.parse_actions_response(resp).actions.shape == (B, 4, 8)
 
 
 def test_build_response_checks_shapes():
-    req = protocol.parse_generation_request(_rlinf_body())
+    req = generations.parse_generation_request(_rlinf_body())
     with pytest.raises(ValueError, match="B=2"):
-        protocol.build_response(req, np.ones((3, 4, 8)), _reports())
+        replies.build_response(req, np.ones((3, 4, 8)), _reports())
     with pytest.raises(ValueError, match="one session report"):
-        protocol.build_response(req, np.ones((B, 4, 8)), _reports(1))
+        replies.build_response(req, np.ones((B, 4, 8)), _reports(1))
 
 
 def test_parse_actions_response_rejects_foreign_replies():
     for bad in ({"data": []}, {"foo": 1}, [1], {"actions": [[1], [2, 3]]}):
         with pytest.raises(InvalidRequest):
-            protocol.parse_actions_response(bad)
+            replies.parse_actions_response(bad)
 
 
 def test_build_request_body_is_what_the_parser_accepts():
     obs = {"video.a": np.zeros((1, 1, 2, 2, 3), np.uint8)}
-    body = protocol.build_request_body(obs, ["x"], ["s"], form="raw", reset_mask=[True], seed=3, expected_steps=[None])
-    req = protocol.parse_generation_request(copy.deepcopy(body))
+    body = generations.build_request_body(
+        obs, ["x"], ["s"], form="raw", reset_mask=[True], seed=3, expected_steps=[None]
+    )
+    req = generations.parse_generation_request(copy.deepcopy(body))
     assert req.reset_mask == [True] and req.seeds == [3] and req.expected_steps == [None]
 
 
@@ -243,8 +245,8 @@ def test_build_request_body_is_what_the_parser_accepts():
     ],
 )  # fmt: skip
 def test_parse_error_body(body, expected):
-    assert protocol.parse_error_body(body) == expected
-    assert protocol.parse_error_body(protocol.error_body("c", "m", "f")) == ("c", "m", "f")
+    assert replies.parse_error_body(body) == expected
+    assert replies.parse_error_body(replies.error_body("c", "m", "f")) == ("c", "m", "f")
 
 
 # 3. OpenPI frames ------------------------------------------------------------------------------------------------
@@ -261,43 +263,43 @@ def _droid_msg(**extra):
 
 
 def test_openpi_infer_frame_and_reply_shape_choice():
-    msg, flavour = protocol.unpack_frame(protocol.pack_frame(_droid_msg(session_id="ep1", seed=7)))
-    req = protocol.parse_openpi_request(msg, flavour)
+    msg, flavour = openpi.unpack_frame(openpi.pack_frame(_droid_msg(session_id="ep1", seed=7)))
+    req = openpi.parse_openpi_request(msg, flavour)
     assert (req.endpoint, req.session_id, req.seed, req.reply_as_dict) == ("infer", "ep1", 7, True)
     assert set(req.observation) == {"observation/exterior_image_0_left", "observation/joint_position"}
-    assert protocol.OPENPI_DROID_KEY_MAP["observation/exterior_image_0_left"] == "video.exterior_image_1_left"
+    assert openpi.OPENPI_DROID_KEY_MAP["observation/exterior_image_0_left"] == "video.exterior_image_1_left"
     # DreamZero's own client sends `endpoint` and expects the bare array
-    assert protocol.parse_openpi_request(_droid_msg(endpoint="infer")).reply_as_dict is False
-    assert protocol.parse_openpi_request(_droid_msg(endpoint="infer", response_format="dict")).reply_as_dict is True
-    assert protocol.parse_openpi_request(_droid_msg()).session_id == "default"
-    reply = protocol.infer_reply(np.zeros((24, 8)), as_dict=False)
+    assert openpi.parse_openpi_request(_droid_msg(endpoint="infer")).reply_as_dict is False
+    assert openpi.parse_openpi_request(_droid_msg(endpoint="infer", response_format="dict")).reply_as_dict is True
+    assert openpi.parse_openpi_request(_droid_msg()).session_id == "default"
+    reply = openpi.infer_reply(np.zeros((24, 8)), as_dict=False)
     assert reply.dtype == np.float32 and reply.shape == (24, 8)
-    assert protocol.infer_reply(np.zeros((24, 8)), as_dict=True, extra={"x": 1})["x"] == 1
+    assert openpi.infer_reply(np.zeros((24, 8)), as_dict=True, extra={"x": 1})["x"] == 1
 
 
 def test_openpi_reset_and_errors():
-    assert protocol.parse_openpi_request({"endpoint": "reset"}).endpoint == "reset"
+    assert openpi.parse_openpi_request({"endpoint": "reset"}).endpoint == "reset"
     with pytest.raises(InvalidObservation, match="endpoint"):
-        protocol.parse_openpi_request({"endpoint": "train"})
+        openpi.parse_openpi_request({"endpoint": "train"})
     with pytest.raises(InvalidObservation, match="prompt") as info:
-        protocol.parse_openpi_request({"observation/joint_position": np.zeros(7)})
+        openpi.parse_openpi_request({"observation/joint_position": np.zeros(7)})
     assert info.value.field == "prompt"
     with pytest.raises(InvalidObservation, match="session_id"):
-        protocol.parse_openpi_request(_droid_msg(session_id=""))
+        openpi.parse_openpi_request(_droid_msg(session_id=""))
     with pytest.raises(InvalidRequest, match="map"):
-        protocol.parse_openpi_request([1, 2])
+        openpi.parse_openpi_request([1, 2])
     with pytest.raises(InvalidRequest, match="text frames"):
-        protocol.unpack_frame("hello")
+        openpi.unpack_frame("hello")
 
 
 def test_handshake_and_error_frame():
-    cfg = protocol.handshake_config(action_horizon=24, action_dim=8)
+    cfg = openpi.handshake_config(action_horizon=24, action_dim=8)
     assert cfg == {
         "image_resolution": [180, 320], "n_external_cameras": 2, "needs_wrist_camera": True,
         "needs_stereo_camera": False, "needs_session_id": True, "action_space": "joint_position",
         "action_horizon": 24, "action_dim": 8,
     }  # fmt: skip
-    frame = protocol.error_frame("Invalid request payload", code="invalid_request")
-    back, _ = protocol.unpack_frame(protocol.pack_frame(frame))
-    assert protocol.is_error_frame(back) and back["message"] == "Invalid request payload"
-    assert not protocol.is_error_frame({"actions": 1})
+    frame = openpi.error_frame("Invalid request payload", code="invalid_request")
+    back, _ = openpi.unpack_frame(openpi.pack_frame(frame))
+    assert openpi.is_error_frame(back) and back["message"] == "Invalid request payload"
+    assert not openpi.is_error_frame({"actions": 1})

@@ -24,16 +24,16 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from clients.errors import (
+from dreamzero_client.errors import (
     AuthenticationError,
+    InvalidRequest,
     PolicyServerError,
     ProtocolError,
     ReplyTimeout,
     ServerUnavailableError,
 )
-from clients.http_client import is_loopback
-from dreamzero.errors import InvalidRequest
-from serve_graph import protocol
+from dreamzero_client.http_client import is_loopback
+from dreamzero_client.wire import openpi
 
 log = logging.getLogger("dreamzero.clients.openpi")
 
@@ -100,7 +100,7 @@ class OpenPIClient:
         reply = self._call(obs)
         if isinstance(reply, str):
             raise PolicyServerError(reply.strip()[:4000] or "empty text frame", code="text_frame")
-        if protocol.is_error_frame(reply):
+        if openpi.is_error_frame(reply):
             raise _error_from_frame(reply)
         if isinstance(reply, np.ndarray):
             return {"actions": reply}
@@ -122,7 +122,7 @@ class OpenPIClient:
             if "reset" in reply.lower() and "success" in reply.lower():  # DreamZero's server: "reset successful"
                 return {"status": reply.strip()}
             raise PolicyServerError(reply.strip()[:4000] or "empty text frame", code="text_frame")
-        if protocol.is_error_frame(reply):
+        if openpi.is_error_frame(reply):
             raise _error_from_frame(reply)
         if isinstance(reply, dict) and "status" in reply:
             return dict(reply)
@@ -165,11 +165,11 @@ class OpenPIClient:
             ws.close()
             raise PolicyServerError(f"server sent text instead of the handshake: {first[:2000]}", code="text_frame")
         try:
-            metadata, _ = protocol.unpack_frame(first)
+            metadata, _ = openpi.unpack_frame(first)
         except InvalidRequest as e:
             ws.close()
             raise ProtocolError(f"unreadable handshake frame: {e}") from None
-        if protocol.is_error_frame(metadata):
+        if openpi.is_error_frame(metadata):
             ws.close()
             raise _error_from_frame(metadata)
         if not isinstance(metadata, dict):
@@ -201,7 +201,7 @@ class OpenPIClient:
 
     def _call(self, msg: dict) -> Any:
         """Send one frame and read one reply, reopening a closed connection; returns the decoded reply or text."""
-        frame = protocol.pack_frame(msg)
+        frame = openpi.pack_frame(msg)
         for attempt in range(self.max_reconnects + 1):
             if self._ws is None:
                 self._connect_with_retries()
@@ -224,7 +224,7 @@ class OpenPIClient:
             if isinstance(raw, str):
                 return raw
             try:
-                return protocol.unpack_frame(raw)[0]
+                return openpi.unpack_frame(raw)[0]
             except InvalidRequest as e:
                 raise ProtocolError(f"unreadable reply frame: {e}") from None
         raise AssertionError("unreachable")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clients.franka.contracts import NUM_JOINTS, ArmState, Camera, DeviceError, Gripper, Robot, RobotFault
-from clients.franka.safety import DROID_HOME, FR3_MAX_JOINT_VELOCITY
+from dreamzero_client.franka.contracts import NUM_JOINTS, ArmState, Camera, DeviceError, Gripper, Robot, RobotFault
+from dreamzero_client.franka.safety import DROID_HOME, FR3_MAX_JOINT_VELOCITY
 
 
 @dataclass(frozen=True)

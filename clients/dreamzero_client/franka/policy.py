@@ -2,7 +2,7 @@
 
 The loop needs three things from a server: start a fresh session (new id + reset), turn one observation into a
 validated (H, 8) chunk with its latency, and close. Any transport with `infer(obs) -> {"actions": array} | array`,
-`reset()` and `close()` works (`clients.openpi_client.OpenPIClient` is the one we ship; tests use fakes).
+`reset()` and `close()` works (`dreamzero_client.openpi_client.OpenPIClient` is the one we ship; tests use fakes).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from clients.franka.images import resize_with_pad
-from clients.franka.safety import validate_chunk
-from dreamzero.errors import ConfigError, DreamZeroError, InvalidObservation
+from dreamzero_client.errors import ConfigError, DreamZeroError, InvalidObservation
+from dreamzero_client.franka.images import resize_with_pad
+from dreamzero_client.franka.safety import validate_chunk
 
 #: camera role -> OpenPI / DROID observation key
 CAMERA_KEYS = {
@@ -128,9 +128,9 @@ class HttpTransport:
     STACK = 4
 
     def __init__(self, client):
-        from serve_graph.protocol import OPENPI_DROID_KEY_MAP
+        from dreamzero_client.wire.openpi import OPENPI_DROID_KEY_MAP
 
-        self.client = client  # clients.http_client.ActionClient
+        self.client = client  # dreamzero_client.http_client.ActionClient
         self._key_map = OPENPI_DROID_KEY_MAP
         self._session: str | None = None
         self._frames: dict[str, deque] = {}
@@ -167,11 +167,11 @@ def connect_policy(url: str, api_key: str | None = None, timeout_s: float = 30.0
     """A transport for `url`: ws:// / wss:// -> OpenPI WebSocket client; http:// / https:// -> the HTTP client."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in ("ws", "wss"):
-        from clients.openpi_client import OpenPIClient
+        from dreamzero_client.openpi_client import OpenPIClient
 
         return OpenPIClient(url, api_key=api_key, timeout_s=timeout_s, max_reconnects=max_reconnects)
     if scheme in ("http", "https"):
-        from clients.http_client import ActionClient
+        from dreamzero_client.http_client import ActionClient
 
         return HttpTransport(ActionClient(url, api_key=api_key, timeout_s=timeout_s, max_retries=max_reconnects))
     raise ConfigError(f"--server must be a ws://, wss://, http:// or https:// URL, got {url!r}")

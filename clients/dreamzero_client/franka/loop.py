@@ -21,12 +21,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from clients.franka.contracts import Camera, DeviceError, Gripper, Robot
-from clients.franka.episode_log import EpisodeLog
-from clients.franka.operator import Command, Operator
-from clients.franka.policy import Chunk, DroidPolicy, PolicyError
-from clients.franka.safety import DROID_HOME, ChunkRejected, SafetyFilter, Watchdog, binarize_gripper
-from dreamzero.errors import ConfigError, DreamZeroError
+from dreamzero_client.errors import ConfigError, DreamZeroError
+from dreamzero_client.franka.contracts import Camera, DeviceError, Gripper, Robot
+from dreamzero_client.franka.episode_log import EpisodeLog
+from dreamzero_client.franka.operator import Command, Operator
+from dreamzero_client.franka.policy import Chunk, DroidPolicy, PolicyError
+from dreamzero_client.franka.safety import DROID_HOME, ChunkRejected, SafetyFilter, Watchdog, binarize_gripper
 
 logger = logging.getLogger(__name__)
 

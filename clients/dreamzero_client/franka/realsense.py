@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from clients.franka.contracts import Camera, DeviceError
-from dreamzero.errors import ConfigError, MissingDependency
+from dreamzero_client.errors import ConfigError, MissingDependency
+from dreamzero_client.franka.contracts import Camera, DeviceError
 
 INSTALL_HINT = "pip install 'dreamzero-serve[franka]'  (or: pip install pyrealsense2)"
 

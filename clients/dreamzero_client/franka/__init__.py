@@ -4,10 +4,10 @@ Hardware libraries (franky-control, pyrealsense2) are imported only when a devic
 needs numpy, msgpack and websockets/httpx only. See docs/franka.md.
 """
 
-from clients.franka.contracts import ArmState, Camera, DeviceError, Gripper, Robot, RobotFault
-from clients.franka.loop import EpisodeResult, EpisodeRunner, LoopConfig
-from clients.franka.policy import Chunk, DroidPolicy, PolicyError, connect_policy
-from clients.franka.safety import ChunkRejected, SafetyConfig, SafetyFilter, Watchdog
+from dreamzero_client.franka.contracts import ArmState, Camera, DeviceError, Gripper, Robot, RobotFault
+from dreamzero_client.franka.loop import EpisodeResult, EpisodeRunner, LoopConfig
+from dreamzero_client.franka.policy import Chunk, DroidPolicy, PolicyError, connect_policy
+from dreamzero_client.franka.safety import ChunkRejected, SafetyConfig, SafetyFilter, Watchdog
 
 __all__ = [
     "ArmState",

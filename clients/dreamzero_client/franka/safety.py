@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from clients.franka.contracts import NUM_JOINTS
-from clients.franka.kinematics import tcp_position
-from dreamzero.errors import ConfigError, DreamZeroError
+from dreamzero_client.errors import ConfigError, DreamZeroError
+from dreamzero_client.franka.contracts import NUM_JOINTS
+from dreamzero_client.franka.kinematics import tcp_position
 
 # 1. Franka Research 3 limits (rad, rad/s) and the DROID home pose
 FR3_JOINT_LOWER = np.array([-2.7437, -1.7837, -2.9007, -3.0421, -2.8065, 0.5445, -3.0159])

@@ -11,10 +11,10 @@ What it does for you:
   restarts it and says so instead of reusing stale state;
 - `reset_sessions(ids)` (or `reset=`) marks rows in `reset_mask` of the next call;
 - retries connection errors, timeouts and 500/502/503/504 with linear backoff (honouring `Retry-After`), never other
-  4xx; raises typed errors from `clients.errors` carrying the server's message and field;
+  4xx; raises typed errors from `dreamzero_client.errors` carrying the server's message and field;
 - bypasses HTTP proxies for loopback addresses (a corporate `HTTP_PROXY` must not capture 127.0.0.1).
 
-Light on purpose: numpy, msgpack, httpx and `serve_graph.protocol`/`codec`; no torch, no Ray.
+Light on purpose: numpy, msgpack, httpx and `dreamzero_client.wire`/`codec`; no torch, no Ray.
 """
 
 from __future__ import annotations
@@ -31,16 +31,16 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 
-from clients.errors import (
+from dreamzero_client.errors import (
     AuthenticationError,
     BadRequestError,
+    InvalidRequest,
     ProtocolError,
     ReadyTimeout,
     ServerError,
     ServerUnavailableError,
 )
-from dreamzero.errors import InvalidRequest
-from serve_graph import codec, protocol
+from dreamzero_client.wire import codec, generations, replies, routes
 
 log = logging.getLogger("dreamzero.clients.http")
 
@@ -184,7 +184,7 @@ class ActionClient:
         expected = [None if m else self._steps.get(sid) for m, sid in zip(mask, ids)]
         incarnations = [None if m else self._incarnations.get(sid) for m, sid in zip(mask, ids)]
         negatives = [negative_prompts] * b if isinstance(negative_prompts, str) else negative_prompts
-        body = protocol.build_request_body(
+        body = generations.build_request_body(
             observation,
             prompt_list,
             ids,
@@ -200,11 +200,11 @@ class ActionClient:
         )
         content, ctype = codec.encode_body(body, self.flavour)
         resp = self._request(
-            "POST", protocol.GENERATIONS_PATH, content=content, headers={"Content-Type": ctype}, timeout_s=timeout_s
+            "POST", routes.GENERATIONS_PATH, content=content, headers={"Content-Type": ctype}, timeout_s=timeout_s
         )
         reply = self._decode(resp)
         try:
-            parsed = protocol.parse_actions_response(reply)
+            parsed = replies.parse_actions_response(reply)
         except InvalidRequest as e:
             raise ProtocolError(str(e)) from None
         if parsed.actions.ndim != 3 or parsed.actions.shape[0] != b:
@@ -233,9 +233,9 @@ class ActionClient:
     def health(self, timeout_s: float = 5.0) -> dict:
         """One `GET /health` (no retries); the body on 200, else a typed error."""
         try:
-            resp = self._http.get(protocol.HEALTH_PATH, timeout=timeout_s)
+            resp = self._http.get(routes.HEALTH_PATH, timeout=timeout_s)
         except httpx.HTTPError as e:
-            raise ServerUnavailableError(f"GET {protocol.HEALTH_PATH} failed: {_describe(e)}", attempts=1) from e
+            raise ServerUnavailableError(f"GET {routes.HEALTH_PATH} failed: {_describe(e)}", attempts=1) from e
         if resp.status_code != 200:
             code, message, fld = self._error_parts(resp)
             if resp.status_code in (401, 403):
@@ -261,11 +261,11 @@ class ActionClient:
 
     def metadata(self) -> dict:
         """`GET /v1/actions/metadata`: policy family, action horizon and dims, defaults."""
-        return self._decode(self._request("GET", protocol.METADATA_PATH), lenient=True)
+        return self._decode(self._request("GET", routes.METADATA_PATH), lenient=True)
 
     def models(self) -> dict:
         """`GET /v1/models` (OpenAI-style model list)."""
-        return self._decode(self._request("GET", protocol.MODELS_PATH), lenient=True)
+        return self._decode(self._request("GET", routes.MODELS_PATH), lenient=True)
 
     # 4. Transport ------------------------------------------------------------------------------------------------
 
@@ -325,7 +325,7 @@ class ActionClient:
             body, _ = codec.decode_body(resp.content, resp.headers.get("content-type"))
         except InvalidRequest:
             pass  # plain text or an HTML error page: report it as text
-        code, message, fld = protocol.parse_error_body(body)
+        code, message, fld = replies.parse_error_body(body)
         return code, (message or resp.reason_phrase)[:2000], fld
 
     def _decode(self, resp: httpx.Response, lenient: bool = False) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dreamzero.errors import InvalidObservation
+from dreamzero_client.errors import InvalidObservation
 
 
 def _bilinear(img: np.ndarray, out_h: int, out_w: int) -> np.ndarray:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dreamzero.errors import DreamZeroError
+from dreamzero_client.errors import DreamZeroError
 
 NUM_JOINTS = 7
 

@@ -17,12 +17,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from clients.errors import ClientError
-from clients.franka.loop import EpisodeRunner, LoopConfig
-from clients.franka.operator import ConsoleOperator, Operator
-from clients.franka.policy import DroidPolicy, connect_policy
-from clients.franka.safety import SafetyConfig, SafetyFilter
-from dreamzero.errors import ConfigError, DreamZeroError
+from dreamzero_client.errors import ClientError, ConfigError, DreamZeroError
+from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
+from dreamzero_client.franka.operator import ConsoleOperator, Operator
+from dreamzero_client.franka.policy import DroidPolicy, connect_policy
+from dreamzero_client.franka.safety import SafetyConfig, SafetyFilter
 
 logger = logging.getLogger("dreamzero.franka")
 CAMERA_ROLES = ("exterior_0", "exterior_1", "wrist")
@@ -167,16 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _devices(args: DeployArgs):
     if args.robot == "franky":
-        from clients.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
+        from dreamzero_client.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
 
         cfg = FrankyConfig(host=args.robot_ip, realtime=args.realtime, dynamics=args.dynamics)
         robot, gripper = FrankyRobot(cfg), FrankyGripper(cfg)
     else:
-        from clients.franka.sim_backends import SimGripper, SimRobot
+        from dreamzero_client.franka.sim_backends import SimGripper, SimRobot
 
         robot, gripper = SimRobot(), SimGripper()
     if args.cameras == "realsense":
-        from clients.franka.realsense import RealSenseCamera
+        from dreamzero_client.franka.realsense import RealSenseCamera
 
         h, w = args.camera_size
         cameras = {
@@ -184,7 +183,7 @@ def _devices(args: DeployArgs):
             for role in CAMERA_ROLES
         }
     else:
-        from clients.franka.sim_backends import SyntheticCamera
+        from dreamzero_client.franka.sim_backends import SyntheticCamera
 
         cameras = {role: SyntheticCamera(role) for role in CAMERA_ROLES}
     return robot, gripper, cameras

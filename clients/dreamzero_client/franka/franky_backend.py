@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clients.franka.contracts import NUM_JOINTS, ArmState, DeviceError, Gripper, Robot, RobotFault
-from clients.franka.safety import FR3_JOINT_LOWER, FR3_JOINT_UPPER
-from dreamzero.errors import ConfigError, MissingDependency
+from dreamzero_client.errors import ConfigError, MissingDependency
+from dreamzero_client.franka.contracts import NUM_JOINTS, ArmState, DeviceError, Gripper, Robot, RobotFault
+from dreamzero_client.franka.safety import FR3_JOINT_LOWER, FR3_JOINT_UPPER
 
 INSTALL_HINT = "pip install 'dreamzero-serve[franka]'  (or: pip install 'franky-control>=2.0')"
 

@@ -1,0 +1,133 @@
+"""OpenPI WebSocket frames: binary msgpack messages, the handshake config, requests and replies."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from dreamzero_client.errors import InvalidObservation, InvalidRequest
+from dreamzero_client.wire import codec
+from dreamzero_client.wire import fields as f
+
+#: control keys of an OpenPI request; everything else is observation
+OPENPI_CONTROL_KEYS = ("endpoint", "session_id", "prompt", "seed", "response_format")
+OPENPI_ENDPOINTS = ("infer", "reset")
+OPENPI_DEFAULT_SESSION = "default"
+OPENPI_RESET_REPLY = {"status": "reset successful"}
+#: OpenPI DROID observation keys -> the DROID embodiment's raw keys
+OPENPI_DROID_KEY_MAP = {
+    "observation/exterior_image_0_left": "video.exterior_image_1_left",
+    "observation/exterior_image_1_left": "video.exterior_image_2_left",
+    "observation/wrist_image_left": "video.wrist_image_left",
+    "observation/joint_position": "state.joint_position",
+    "observation/gripper_position": "state.gripper_position",
+}
+_TEXT_KEY = re.compile(r"^[\w./:-]{1,128}$")
+
+
+def pack_frame(obj: Any, flavour: str = codec.OPENPI) -> bytes:
+    """A binary OpenPI frame (msgpack with openpi array markers unless the peer used msgpack-numpy)."""
+    return codec.encode_msgpack(obj, flavour)
+
+
+def unpack_frame(data: bytes | str, max_bytes: int | None = None) -> tuple[Any, str]:
+    """Decode a binary frame; a text frame is an `InvalidRequest` (the protocol is binary msgpack)."""
+    if isinstance(data, str):
+        raise InvalidRequest("text frames are not part of the protocol; send binary msgpack frames")
+    codec.check_size(data, max_bytes)
+    return codec.decode_msgpack(data)
+
+
+def handshake_config(
+    image_resolution: tuple[int, int] = (180, 320),
+    n_external_cameras: int = 2,
+    needs_wrist_camera: bool = True,
+    needs_stereo_camera: bool = False,
+    needs_session_id: bool = True,
+    action_space: str = "joint_position",
+    action_horizon: int | None = None,
+    action_dim: int | None = None,
+    **extra: Any,
+) -> dict:
+    """The policy server config sent as the first frame of every connection (DROID defaults)."""
+    cfg: dict[str, Any] = {
+        "image_resolution": [int(image_resolution[0]), int(image_resolution[1])],
+        "n_external_cameras": int(n_external_cameras),
+        "needs_wrist_camera": bool(needs_wrist_camera),
+        "needs_stereo_camera": bool(needs_stereo_camera),
+        "needs_session_id": bool(needs_session_id),
+        "action_space": action_space,
+    }
+    if action_horizon is not None:
+        cfg["action_horizon"] = int(action_horizon)
+    if action_dim is not None:
+        cfg["action_dim"] = int(action_dim)
+    cfg.update(extra)
+    return cfg
+
+
+@dataclass
+class OpenPIRequest:
+    endpoint: str  # "infer" | "reset"
+    session_id: str
+    prompt: str | None
+    seed: int | None
+    observation: dict[str, np.ndarray]  # every non-control key, as sent (e.g. "observation/joint_position")
+    reply_as_dict: bool  # {"actions": ...} (openpi clients) vs the bare array (DreamZero's own client)
+    flavour: str = codec.OPENPI
+
+
+def parse_openpi_request(msg: Any, flavour: str = codec.OPENPI) -> OpenPIRequest:
+    """Validate a decoded OpenPI message. A missing `endpoint` means infer.
+
+    Reply shape: explicit ``response_format: "dict" | "array"``; else DreamZero's own client (which sends
+    `endpoint`) gets the bare array and openpi's `WebsocketClientPolicy` (which does not) gets a dict.
+    """
+    if not isinstance(msg, Mapping):
+        raise InvalidRequest(f"an OpenPI message must be a msgpack map, got {f.type_name(msg)}")
+    endpoint = f.choice(msg.get("endpoint", "infer"), "endpoint", OPENPI_ENDPOINTS)
+    session_id = msg.get("session_id", OPENPI_DEFAULT_SESSION)
+    if not isinstance(session_id, str) or not session_id or len(session_id) > f.MAX_SESSION_ID_LEN:
+        raise InvalidObservation(f"'session_id' must be a non-empty string, got {session_id!r}", field="session_id")
+    prompt = msg.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise InvalidObservation(f"'prompt' must be a string, got {f.type_name(prompt)}", field="prompt")
+    seed = None if msg.get("seed") is None else f.int_in(msg["seed"], "seed", 0, f.MAX_SEED)
+    if "response_format" in msg:
+        reply_as_dict = f.choice(msg["response_format"], "response_format", ("dict", "array")) == "dict"
+    else:
+        reply_as_dict = "endpoint" not in msg
+    observation = {}
+    for k, v in msg.items():
+        if k in OPENPI_CONTROL_KEYS:
+            continue
+        if not _TEXT_KEY.match(k):
+            raise InvalidObservation(f"observation key {k[:64]!r} is not a valid key", field=k[:64])
+        observation[k] = f.array(v, k)
+    if endpoint == "infer" and prompt is None:
+        raise InvalidObservation("'prompt' is required for infer", field="prompt")
+    return OpenPIRequest(endpoint, session_id, prompt, seed, observation, reply_as_dict, flavour)
+
+
+def infer_reply(actions: np.ndarray, as_dict: bool, extra: Mapping[str, Any] | None = None) -> Any:
+    """The infer reply: the bare float32 array, or ``{"actions": array, **extra}``."""
+    actions = np.ascontiguousarray(actions, dtype=np.float32)
+    return {"actions": actions, **(extra or {})} if as_dict else actions
+
+
+def error_frame(message: str, code: str | None = None, field: str | None = None) -> dict:
+    """``{"type": "error", "message": ...}`` (vllm-omni style); the server keeps the socket open after it."""
+    frame: dict[str, Any] = {"type": "error", "message": message}
+    if code is not None:
+        frame["code"] = code
+    if field is not None:
+        frame["field"] = field
+    return frame
+
+
+def is_error_frame(obj: Any) -> bool:
+    return isinstance(obj, Mapping) and obj.get("type") == "error"
