@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
-# Set up everything on a fresh machine: a virtualenv in .venv with the project, its test tools and the sim extras.
+# Set up everything on a fresh machine: a virtualenv in .venv with the light client package (./clients), the project,
+# its test tools and the sim extras. test.sh and serve.sh call this first; it returns at once when nothing changed.
 # On a machine without an NVIDIA GPU we install the CPU build of torch first (small and fast); with a GPU, pip picks
 # the CUDA build that `torch>=2.4` resolves to.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+STAMP=.venv/.installed
+want=$(cat pyproject.toml clients/pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
+if [ -x .venv/bin/python ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  exit 0
+fi
 if [ ! -x .venv/bin/python ]; then "$PY" -m venv .venv; fi
 .venv/bin/python -m pip install -q --upgrade pip
 if ! command -v nvidia-smi >/dev/null 2>&1 && ! .venv/bin/python -c "import torch" 2>/dev/null; then
@@ -12,10 +18,11 @@ if ! command -v nvidia-smi >/dev/null 2>&1 && ! .venv/bin/python -c "import torc
   .venv/bin/pip install -q "torch==2.13.0" || echo "torch==2.13.0 not available: letting pip resolve torch>=2.4"
 fi
 .venv/bin/pip install -q -e ./clients -e ".[sim,dev]"
-# Headless rendering for the MuJoCo scene (Mesa EGL); best effort, the libraries are usually already present.
+# Headless rendering for the MuJoCo scenes (Mesa EGL); best effort, the libraries are usually already present.
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
   if ! ldconfig -p | grep -q libEGL_mesa; then
     (apt-get update -qq && apt-get install -y -qq libegl1 libegl-mesa0 libgl1-mesa-dri libgbm1) >/dev/null 2>&1 || true
   fi
 fi
 echo "installed: $(.venv/bin/python -c 'import torch, ray; print("torch", torch.__version__, "ray", ray.__version__)')"
+echo "$want" >"$STAMP"

@@ -1,0 +1,133 @@
+"""`serve run <config>` as a user runs it, in a subprocess: a free loopback port, a private RAY_TMPDIR, /health within
+a bound, SIGTERM at the end (a backgrounded `serve run` ignores SIGINT), and no Ray process left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+HEALTH_TIMEOUT_S = 300
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pids_using(marker: str) -> list[int]:
+    """Processes whose command line mentions `marker` (a private RAY_TMPDIR): the Ray processes one run started."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+class ServeRun:
+    """Context manager: `with ServeRun(tmp_path) as server: server.url`.
+
+    `args` is merged into the first application's `args:`; `haproxy=True` puts HAProxy in front (Ray 2.60's
+    RAY_SERVE_ENABLE_HA_PROXY) with private config and socket paths so parallel runs cannot collide.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        args: dict[str, Any] | None = None,
+        haproxy: bool = False,
+        env: dict[str, str] | None = None,
+        config: Path = ROOT / "serve_config.yaml",
+    ):
+        self.workdir = Path(workdir)
+        self.port = free_port()
+        cfg = yaml.safe_load(Path(config).read_text())
+        cfg["http_options"].update({"host": "127.0.0.1", "port": self.port})
+        if args:
+            cfg["applications"][0].setdefault("args", {}).update(args)
+        self.config_path = self.workdir / "serve_config.yaml"
+        self.config_path.write_text(yaml.safe_dump(cfg))
+        self.ray_tmp = tempfile.mkdtemp(prefix="rayE2E", dir="/tmp")  # short: Ray's socket paths have a length limit
+        self.env = {**os.environ, "RAY_TMPDIR": self.ray_tmp, "RAY_AUTH_MODE": "disabled", **(env or {})}
+        self.env.pop("RAY_ADDRESS", None)
+        if haproxy:
+            self.env |= {
+                "RAY_SERVE_ENABLE_HA_PROXY": "1",
+                "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{self.ray_tmp}/haproxy/haproxy.cfg",
+                "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{self.ray_tmp}/haproxy/admin.sock",
+            }
+        self.log_path = self.workdir / "serve_run.log"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def log_tail(self, n: int = 3000) -> str:
+        return self.log_path.read_bytes()[-n:].decode("utf-8", "replace") if self.log_path.exists() else ""
+
+    def __enter__(self) -> ServeRun:
+        serve_bin = Path(sys.executable).with_name("serve")
+        with self.log_path.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [str(serve_bin), "run", str(self.config_path)],
+                cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + HEALTH_TIMEOUT_S
+        with httpx.Client(timeout=5, trust_env=False) as client:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"serve run exited with {self.proc.returncode}:\n{self.log_tail()}")
+                try:
+                    if client.get(self.url + "/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1.0)
+        raise TimeoutError(f"/health not 200 within {HEALTH_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def stop(self) -> int | None:
+        """SIGTERM and wait (bounded); then SIGKILL whatever is left of the process group and of Ray's processes."""
+        code = None
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                code = self.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while pids_using(self.ray_tmp) and time.monotonic() < deadline:  # Ray's processes exit after the driver
+            time.sleep(1.0)
+        for pid in pids_using(self.ray_tmp):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
+        return code
