@@ -5,6 +5,7 @@ OpenPI WebSocket, and never imports torch or Ray.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -58,8 +59,11 @@ def test_fresh_venv_with_only_the_client_package_talks_to_serve_run(tmp_path):
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
     python = venv / "bin" / "python"
+    source = shutil.copytree(
+        ROOT / "clients", tmp_path / "clients", ignore=shutil.ignore_patterns("build", "*.egg-info")
+    )
     install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", str(ROOT / "clients")], capture_output=True, text=True, timeout=900
+        [str(python), "-m", "pip", "install", "-q", str(source)], capture_output=True, text=True, timeout=900
     )
     assert install.returncode == 0, install.stderr[-3000:]
     listed = subprocess.run([str(python), "-m", "pip", "list"], capture_output=True, text=True, timeout=120).stdout
