@@ -1,0 +1,183 @@
+"""Session-aware request routing to Policy replicas: a live session stays on the replica that holds its state.
+
+Why not a hash ring: a ring moves a share of its keys whenever the replica set changes, so every scale-up restarted
+robots mid-episode and a dead replica's sessions restarted twice (on a survivor, then on its replacement). Here:
+
+1. Every Policy replica reports the routing keys of the sessions it holds through Serve's routing-stats hook
+   (`record_routing_stats`, polled by the controller every `request_routing_stats_period_s` and broadcast to every
+   router when the report changes). A request whose key a live replica holds goes there, whatever was added since.
+2. A key nobody holds goes to a replica chosen by rendezvous (highest-random-weight) hashing over the least-loaded
+   replicas (session count within `load_slack` of the minimum): a pure function of (key, broadcast), so every router
+   instance (one per ingress replica and proxy) picks the same replica without talking to the others, and new
+   sessions land on new replicas after a scale-up.
+3. Between a session's first request and the next stats broadcast, each router remembers where it placed the key
+   (`placement_ttl_s`); other routers compute the same placement from the same broadcast.
+4. A replica that Serve stops (scale-down) leaves the broadcast at once: it gets no new sessions and its sessions
+   are placed again, once, on survivors; the Policy replica flags them restarted (`new_session` / `step_mismatch`).
+
+Ray APIs used here that are alpha or private, pinned by `ray[serve]==2.60.*` and checked by
+`tests/unit/test_session_router.py::test_ray_router_api_is_what_we_build_on`:
+- `ray.serve.request_router.RequestRouter` / `RunningReplica.routing_stats` / `PendingRequest.metadata.session_id`
+  (the request-router API, alpha);
+- `ray.serve.experimental.consistent_hash_router.ConsistentHashRouter`, subclassed for its routing loop, which keeps
+  a popped request retrying until it is placed (the base loop can orphan same-session bursts) and its
+  `_routing_key(pending_request)` (session id, else the internal request id);
+- the private `_replicas` mapping (replica id -> RunningReplica) of `RequestRouter`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from ray.serve.experimental.consistent_hash_router import ConsistentHashRouter
+
+log = logging.getLogger("dreamzero.serve")
+
+#: the class path for `request_router_config.request_router_class`
+SESSION_ROUTER = "serve_graph.session_router.SessionRouter"
+#: keys of the dict a Policy replica returns from `record_routing_stats`
+STATS_KEYS = "session_keys"
+STATS_SESSIONS = "sessions"
+#: how often the controller asks each Policy replica for its sessions. Each poll is one small actor call per replica;
+#: a report is broadcast only when it changed (sessions started or ended), so 1 s costs little and bounds the window
+#: in which only the placing router knows where a new session lives.
+ROUTING_STATS_PERIOD_S = 1.0
+ROUTING_STATS_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """What the router knows of one live Policy replica (from its last routing-stats report)."""
+
+    replica_id: str
+    keys: frozenset[str] = frozenset()
+    sessions: int = 0
+
+
+def replica_view(replica_id: str, stats: Mapping | None) -> ReplicaView:
+    """A replica's report as a view; a missing or malformed report counts as an empty replica."""
+    stats = stats if isinstance(stats, Mapping) else {}
+    keys = stats.get(STATS_KEYS) or ()
+    sessions = stats.get(STATS_SESSIONS)
+    keys = frozenset(str(k) for k in keys) if isinstance(keys, (list, tuple, set, frozenset)) else frozenset()
+    return ReplicaView(replica_id, keys, int(sessions) if isinstance(sessions, int) else len(keys))
+
+
+def rendezvous_score(key: str, replica_id: str) -> int:
+    """Highest-random-weight score of (key, replica): the same on every process (no per-process hash seed)."""
+    return int.from_bytes(hashlib.blake2b(f"{replica_id}\0{key}".encode(), digest_size=8).digest(), "big")
+
+
+def choose_replica(
+    key: str,
+    replicas: Iterable[ReplicaView],
+    placed: str | None = None,
+    load_slack: int = 1,
+) -> str | None:
+    """The replica id for routing key `key`, or None when there is no replica.
+
+    `placed` is where this router put the key recently (before any report could show it); it is honoured while that
+    replica is live and no replica reports the key.
+    """
+    views = list(replicas)
+    if not views:
+        return None
+    holders = [r for r in views if key in r.keys]
+    if holders:  # normally one; several only after a copy went stale elsewhere: agree on one, deterministically
+        return max(holders, key=lambda r: rendezvous_score(key, r.replica_id)).replica_id
+    if placed is not None and any(r.replica_id == placed for r in views):
+        return placed
+    least = min(r.sessions for r in views)
+    eligible = [r for r in views if r.sessions <= least + load_slack]
+    return max(eligible, key=lambda r: rendezvous_score(key, r.replica_id)).replica_id
+
+
+class PlacementMemo:
+    """Where this router placed keys that no replica reported yet; entries expire after `ttl_s`."""
+
+    def __init__(self, ttl_s: float, clock=time.monotonic, max_entries: int = 100_000):
+        self.ttl_s = float(ttl_s)
+        self._clock = clock
+        self._max = int(max_entries)
+        self._placed: dict[str, tuple[str, float]] = {}
+
+    def get(self, key: str) -> str | None:
+        hit = self._placed.get(key)
+        if hit is None:
+            return None
+        if self._clock() - hit[1] > self.ttl_s:
+            del self._placed[key]
+            return None
+        return hit[0]
+
+    def put(self, key: str, replica_id: str) -> None:
+        if len(self._placed) >= self._max:
+            self.prune()
+            if len(self._placed) >= self._max:  # still full of fresh entries: drop the oldest
+                del self._placed[next(iter(self._placed))]
+        self._placed.pop(key, None)
+        self._placed[key] = (replica_id, self._clock())
+
+    def forget(self, keys: Iterable[str]) -> None:
+        for k in keys:
+            self._placed.pop(k, None)
+
+    def prune(self) -> None:
+        now = self._clock()
+        for k in [k for k, (_, t) in self._placed.items() if now - t > self.ttl_s]:
+            del self._placed[k]
+
+    def __len__(self) -> int:
+        return len(self._placed)
+
+
+class SessionRouter(ConsistentHashRouter):
+    """Ray Serve request router for the Policy deployment (see the module docstring).
+
+    kwargs (`request_router_kwargs`): `placement_ttl_s` (default 3 stats periods plus the stats timeout),
+    `load_slack` (default 1 session).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._memo = PlacementMemo(3 * ROUTING_STATS_PERIOD_S + ROUTING_STATS_TIMEOUT_S)
+        self._load_slack = 1
+        self._views: dict[str, ReplicaView] = {}
+
+    def initialize_state(self, **kwargs) -> None:
+        ttl = kwargs.get("placement_ttl_s", 3 * ROUTING_STATS_PERIOD_S + ROUTING_STATS_TIMEOUT_S)
+        slack = kwargs.get("load_slack", 1)
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0:
+            raise ValueError(f"placement_ttl_s must be a positive number of seconds, got {ttl!r}")
+        if isinstance(slack, bool) or not isinstance(slack, int) or slack < 0:
+            raise ValueError(f"load_slack must be an integer >= 0, got {slack!r}")
+        super().initialize_state(num_fallback_replicas=0)
+        self._memo = PlacementMemo(float(ttl))
+        self._load_slack = slack
+
+    def update_replicas(self, replicas) -> None:
+        super().update_replicas(replicas)
+        self._views = {r.replica_id.unique_id: replica_view(r.replica_id.unique_id, r.routing_stats) for r in replicas}
+        reported = set().union(*(v.keys for v in self._views.values())) if self._views else set()
+        self._memo.forget(reported)  # a report is the truth from now on
+        self._memo.prune()
+
+    async def choose_replicas(self, candidate_replicas, pending_request=None):
+        if not candidate_replicas:
+            return []
+        key = pending_request.metadata.session_id if pending_request is not None else None
+        if not key:  # calls without a session (readiness probes, metadata): any replica
+            return [candidate_replicas]
+        pending_request.routing_context.should_backoff = True
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        views = [self._views.get(rid, ReplicaView(rid)) for rid in by_id]
+        chosen = choose_replica(key, views, self._memo.get(key), self._load_slack)
+        if chosen is None:
+            return []
+        if not any(key in v.keys for v in views):
+            self._memo.put(key, chosen)
+        return [[by_id[chosen]]]

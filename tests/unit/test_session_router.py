@@ -1,0 +1,146 @@
+"""Session placement: holders keep their sessions, new sessions go where every router agrees, memo bridges the gap."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+
+from serve_graph.session_router import (
+    STATS_KEYS,
+    STATS_SESSIONS,
+    PlacementMemo,
+    ReplicaView,
+    SessionRouter,
+    choose_replica,
+    rendezvous_score,
+    replica_view,
+)
+
+
+def _views(n: int, held: dict[str, set[str]] | None = None) -> list[ReplicaView]:
+    held = held or {}
+    return [ReplicaView(f"r{i}", frozenset(held.get(f"r{i}", ())), len(held.get(f"r{i}", ()))) for i in range(n)]
+
+
+def test_a_held_session_stays_on_its_replica_whatever_is_added():
+    keys = [f"robot-{i}" for i in range(40)]
+    two = _views(2)
+    placed = {k: choose_replica(k, two) for k in keys}
+    held = {r: {k for k, v in placed.items() if v == r} for r in ("r0", "r1")}
+    four = _views(4, held)  # r2, r3 are new and empty
+    assert all(choose_replica(k, four) == placed[k] for k in keys)
+
+
+def test_new_sessions_go_to_the_least_loaded_replicas():
+    held = {"r0": {f"old-{i}" for i in range(16)}}
+    views = _views(2, held)
+    new = [choose_replica(f"new-{i}", views, load_slack=1) for i in range(8)]
+    assert set(new) == {"r1"}
+
+
+def test_placement_is_the_same_for_every_router_and_spreads_evenly():
+    views = _views(4)
+    a = [choose_replica(f"s{i}", list(views)) for i in range(400)]
+    b = [choose_replica(f"s{i}", list(reversed(views))) for i in range(400)]  # another router, another order
+    assert a == b
+    counts = {r: a.count(r) for r in ("r0", "r1", "r2", "r3")}
+    assert min(counts.values()) > 60, counts  # 100 each on average
+
+
+def test_a_dead_replicas_sessions_move_once_and_stay():
+    keys = [f"robot-{i}" for i in range(30)]
+    three = _views(3)
+    first = {k: choose_replica(k, three) for k in keys}
+    survivors = [v for v in three if v.replica_id != "r2"]
+    second = {k: choose_replica(k, survivors) for k in keys}
+    moved = {k for k in keys if first[k] == "r2"}
+    assert moved and all(second[k] != "r2" for k in moved)
+    assert all(second[k] == first[k] for k in keys if k not in moved)
+    # the survivors now report them; the replacement joins empty: nothing moves again
+    held = {r: {k for k, v in second.items() if v == r} for r in ("r0", "r1")}
+    with_replacement = [*_views(2, held), ReplicaView("r3")]
+    assert all(choose_replica(k, with_replacement) == second[k] for k in keys)
+
+
+def test_two_holders_agree_on_one():
+    views = [ReplicaView("a", frozenset({"k"}), 1), ReplicaView("b", frozenset({"k"}), 1), ReplicaView("c")]
+    assert choose_replica("k", views) == choose_replica("k", list(reversed(views))) in {"a", "b"}
+
+
+def test_recent_placement_wins_until_a_report_shows_the_key():
+    views = _views(3)
+    natural = choose_replica("k", views)
+    other = next(v.replica_id for v in views if v.replica_id != natural)
+    assert choose_replica("k", views, placed=other) == other
+    assert choose_replica("k", [v for v in views if v.replica_id != other], placed=other) == natural  # placed died
+    reported = [ReplicaView(v.replica_id, frozenset({"k"}) if v.replica_id == natural else frozenset()) for v in views]
+    assert choose_replica("k", reported, placed=other) == natural
+
+
+def test_no_replica_means_no_choice():
+    assert choose_replica("k", []) is None
+
+
+def test_memo_expires_and_is_bounded():
+    now = [0.0]
+    memo = PlacementMemo(ttl_s=5.0, clock=lambda: now[0], max_entries=3)
+    memo.put("a", "r0")
+    assert memo.get("a") == "r0"
+    now[0] = 6.0
+    assert memo.get("a") is None
+    for k in "bcde":
+        memo.put(k, "r1")
+    assert len(memo) == 3 and memo.get("b") is None and memo.get("e") == "r1"
+    memo.forget(["e"])
+    assert memo.get("e") is None
+
+
+def test_replica_view_reads_reports_defensively():
+    assert replica_view("r", {STATS_KEYS: ["a", "b"], STATS_SESSIONS: 3}) == ReplicaView("r", frozenset({"a", "b"}), 3)
+    assert replica_view("r", None) == ReplicaView("r")
+    assert replica_view("r", {STATS_KEYS: "not-a-list"}) == ReplicaView("r")
+
+
+def test_rendezvous_score_does_not_depend_on_the_process_hash_seed():
+    code = "from serve_graph.session_router import rendezvous_score as s; print(s('robot-1', 'abc'))"
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True,
+            timeout=120, check=True,
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }  # fmt: skip
+    assert outs == {str(rendezvous_score("robot-1", "abc"))}
+
+
+def test_ray_router_api_is_what_we_build_on():
+    """Fails loudly when a Ray upgrade changes the alpha/private router API this router subclasses."""
+    from ray.serve.config import RequestRouterConfig
+    from ray.serve.experimental.consistent_hash_router import ConsistentHashRouter
+    from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+    assert issubclass(SessionRouter, ConsistentHashRouter) and issubclass(ConsistentHashRouter, RequestRouter)
+    for name in ("choose_replicas", "update_replicas", "initialize_state", "_fulfill_pending_requests"):
+        assert callable(getattr(ConsistentHashRouter, name, None)), name
+    assert "num_fallback_replicas" in inspect.getsource(ConsistentHashRouter.initialize_state)
+    assert isinstance(getattr(RunningReplica, "routing_stats", None), property)
+    metadata_type = {f.name: f.type for f in dataclasses.fields(PendingRequest)}["metadata"]
+    assert "RequestMetadata" in str(metadata_type)
+    from ray.serve._private.common import RequestMetadata
+
+    assert "session_id" in {f.name for f in dataclasses.fields(RequestMetadata)}
+    fields = RequestRouterConfig.model_fields if hasattr(RequestRouterConfig, "model_fields") else {}
+    for name in ("request_router_class", "request_router_kwargs", "request_routing_stats_period_s"):
+        assert name in fields, name
+
+
+@pytest.mark.parametrize("kwargs", [{"placement_ttl_s": 0}, {"placement_ttl_s": "x"}, {"load_slack": -1}])
+def test_bad_router_kwargs_are_refused(kwargs):
+    router = SessionRouter.__new__(SessionRouter)  # the kwargs check needs no Ray state
+    with pytest.raises(ValueError):
+        router.initialize_state(**kwargs)
