@@ -42,6 +42,17 @@ class ModelBatch:
     expected_incarnations: list[str | None] | None = None
     seeds: list[int] | None = None  # per row noise seed; None -> 1140 (every reference client's seed)
     embodiment_id: list[int] | None = None  # accepted for wire compatibility; ignored by the DiT (forced to 0)
+    # real-time chunking (docs/rtc.md), per row; None everywhere = off and the chunk is exactly today's
+    rtc_prefix_len: list[int | None] | None = None  # d: previous-chunk actions the robot runs while this one computes
+    # s: previous-chunk actions run before this observation; None -> H - len(action_prefix row) or H - d
+    rtc_exec_horizon: list[int | None] | None = None
+    # per row None or [P, D] (P >= d): the previous chunk from this observation on (row i = new action i), robot
+    # units when action_gain is set, else normalised; wins over the chunk the session cached
+    action_prefix: list[np.ndarray | None] | None = None
+    # float64 [B, max_action_dim] each: robot = gain * model + bias, the map postprocess applies before the gripper
+    # rule for this row's state (gain 0: padding / constant dim); None = the normalised form (identity)
+    action_gain: np.ndarray | None = None
+    action_bias: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.session_ids)
@@ -57,8 +68,10 @@ class SessionReport:
     restart_reason: str | None  # one of RESTART_REASONS when restarted, else None
     frame_position: int  # current_start_frame after this call (latent frames)
     incarnation: str | None = None  # random id of this session state, new at every (re)start; echo it back
+    rtc: str | None = None  # real-time chunking: "client_prefix" | "session_cache" | "cold_start"; None = not asked
 
     def to_dict(self) -> dict:
+        extra = {} if self.rtc is None else {"rtc": self.rtc}
         return {
             "session_id": self.session_id,
             "step": self.step,
@@ -66,6 +79,7 @@ class SessionReport:
             "restart_reason": self.restart_reason,
             "frame_position": self.frame_position,
             "incarnation": self.incarnation,
+            **extra,
         }
 
 
