@@ -130,10 +130,11 @@ def requests(batch: ModelBatch, horizon: int, max_action_dim: int) -> list[RowRe
             out.append(None)
             continue
         if 2 * d > horizon:
+            name = "rtc_prefix_len" if lens[i] is not None else "action_prefix"  # d defaults to the prefix length
             raise InvalidObservation(
-                f"rtc_prefix_len {d} (row {i}) leaves no valid execution horizon: RTC needs d <= s <= H - d, so "
+                f"{name}: d = {d} (row {i}) leaves no valid execution horizon: RTC needs d <= s <= H - d, so "
                 f"d <= {horizon // 2} for H = {horizon}",
-                field="rtc_prefix_len",
+                field=name,
             )
         if prefix is not None and prefix.shape[0] < d:
             raise InvalidObservation(

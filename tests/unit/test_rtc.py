@@ -81,6 +81,7 @@ def test_defaults_follow_rldx():
         ({"rtc_prefix_len": [4], "rtc_exec_horizon": [21]}, "rtc_exec_horizon"),  # s <= H - d
         ({"rtc_prefix_len": [4], "action_prefix": [np.zeros((3, 8))]}, "action_prefix"),  # P >= d
         ({"rtc_prefix_len": [2], "action_prefix": [np.zeros((23, 8))]}, "action_prefix"),  # s = H - P < d
+        ({"action_prefix": [np.zeros((13, 8))]}, "action_prefix"),  # d = P = 13 > H / 2
         ({"action_prefix": [np.zeros((4,))]}, "action_prefix"),
         ({"action_prefix": [np.full((4, 8), np.nan)]}, "action_prefix"),
         ({"action_prefix": [np.zeros((4, 33))]}, "action_prefix"),
