@@ -133,7 +133,7 @@ def test_embedded_policy_passes_rtc_options_and_the_codec():
 @pytest.mark.slow  # builds and runs the embedded tiny model
 def test_embedded_policy_continues_the_robot_trajectory():
     """Tiny model end to end: with the joints moved between calls, the first d robot actions of the new chunk are
-    the previous chunk's actions s .. s+d-1 in absolute joint units (before the gripper rule)."""
+    the previous chunk's actions s .. s+d-1 in absolute joint units (before the gripper rule); d = 0 changes nothing."""
     policy = EmbeddedPolicy.load()
     kept = []
     generate = policy.pipeline.generate
@@ -153,3 +153,10 @@ def test_embedded_policy_continues_the_robot_trajectory():
     prev_robot = rtc.to_robot(a1[0].astype(np.float64), b1.action_gain[0], b1.action_bias[0])
     np.testing.assert_allclose(out.actions[:4, :7], prev_robot[8:12, :7], atol=1e-4)
     assert np.abs(b2.action_bias[0, :7] - b1.action_bias[0, :7]).min() > 0.04  # the map followed the new joints
+    # d = 0 on the real tiny model: bit for bit the chunks of a session that never asked
+    plain = [policy.infer(droid_observation(), "plain", "put the cube in the bowl")]
+    zero = [policy.infer(droid_observation(), "zero", "put the cube in the bowl", rtc_prefix_len=0)]
+    plain.append(policy.infer(obs, "plain", "put the cube in the bowl"))
+    zero.append(policy.infer(obs, "zero", "put the cube in the bowl", rtc_prefix_len=0, rtc_exec_horizon=8))
+    for p, z in zip(plain, zero):
+        np.testing.assert_array_equal(p.actions, z.actions)
