@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from dreamzero import rtc
 from dreamzero.config import (  # noqa: F401 (apply_overrides, validate_pipeline_config: re-exported)
     DiTConfig,
     PipelineConfig,
@@ -169,12 +170,14 @@ def denoise_block(
     kv_cache: BatchCache,
     start_frame: int | list[int],
     y: torch.Tensor | None = None,
+    action_guide: rtc.ActionGuide | None = None,
 ) -> DenoiseResult:
     """Denoise one block for G rows: video_noise [G, z, F, h, w], action_noise [G, A, ad], state [G, 1, S].
 
     With guidance (cfg_scale != 1) `context_emb` and `kv_cache` hold 2G rows, session-major (s0 cond, s0 uncond,
     s1 cond, ...), and `y` G rows; without guidance all hold G rows. `start_frame` is one frame position for all rows
-    or one per session. Samples stay fp32 whatever the DiT's dtype.
+    or one per session. Samples stay fp32 whatever the DiT's dtype. `action_guide` (real-time chunking) steers the
+    action velocity on every step, whether the DiT ran or not, and writes the prefix at the end.
     """
     guided = cfg.cfg_scale != 1.0
     g = video_noise.shape[0]
@@ -215,7 +218,12 @@ def denoise_block(
             plan.observe(i, v)
             steps += 1
         x = video_sched.step(v, i, x)
-        a = action_sched.step(v_action, i, a)
+        if action_guide is None:
+            a = action_sched.step(v_action, i, a)
+        else:  # the clamp edits this step's velocity only: a reused prediction stays the DiT's
+            a = action_sched.step(action_guide.velocity(a, v_action, float(action_sched.sigmas[i])), i, a)
+    if action_guide is not None:
+        a = action_guide.finish(a)
     return DenoiseResult(video=x, action=a, dit_steps=steps)
 
 
@@ -410,10 +418,14 @@ class DreamZeroPipeline:
             self._prefill_observed(continuing, frames, timer)
 
         # 4. denoise every row in one batch (restarted rows sit at frame 1, continuing ones further on)
-        res = self._denoise(rows, batch, noise, timer)
+        block = (self.dit_cfg.num_action_per_block, self.dit_cfg.action_dim)
+        guide, rtc_sources = rtc.plan(batch, [r.state for r in rows], self.action_horizon, block, self.device)
+        res = self._denoise(rows, batch, noise, timer, guide)
         actions = torch.zeros(n, self.action_horizon, self.max_action_dim)  # rows are in batch order
         act = res.action[:, : self.action_horizon].cpu()
         actions[:, :, : act.shape[2]] = act
+        for r in rows:
+            r.state.prev_chunk = rtc.remember(batch, r.index, actions[r.index].numpy())
         latents = res.video.cpu()
         dit_steps = res.dit_steps
         for r in rows:
@@ -434,6 +446,7 @@ class DreamZeroPipeline:
                 restart_reason=r.reason,
                 frame_position=r.state.current_start_frame,
                 incarnation=r.state.incarnation,
+                rtc=rtc_sources[r.index],
             )
             for r in rows
         ]
@@ -487,6 +500,7 @@ class DreamZeroPipeline:
                 raise InvalidObservation(f"{name} has {len(value)} entries, the batch has {n} rows", field=name)
         if batch.seeds is not None and any(not isinstance(s, (int, np.integer)) or s < 0 for s in batch.seeds):
             raise InvalidObservation("seeds must be non-negative integers", field="seeds")
+        rtc.requests(batch, self.action_horizon, self.max_action_dim)  # real-time chunking options
 
     def _model_frames(self, images: np.ndarray) -> torch.Tensor:
         """uint8 [B, T, H, W, 3] -> [B, T, 3, H', W'] in [-1, 1] at the model's input size (bilinear resize)."""
@@ -532,7 +546,10 @@ class DreamZeroPipeline:
                     keep["cond"] = old_text["cond"]
                 if state is not None and state.negative_prompt == negative and "uncond" in old_text:
                     keep["uncond"] = old_text["uncond"]
-                state = SessionState(session_id=sid, prompt=prompt, negative_prompt=negative, text_cache=keep)
+                prev_chunk = rtc.carried_chunk(state, reason)  # the robot's motion outlives some model restarts
+                state = SessionState(
+                    session_id=sid, prompt=prompt, negative_prompt=negative, text_cache=keep, prev_chunk=prev_chunk
+                )
             seed = int(batch.seeds[i]) if batch.seeds is not None else self.config.default_seed
             rows.append(_Row(index=i, state=state, restarted=reason is not None, reason=reason, seed=seed))
         return rows
@@ -728,7 +745,9 @@ class DreamZeroPipeline:
             acts.append(torch.randn(shape_a, generator=torch.Generator().manual_seed(r.seed)))
         return torch.stack(vs).to(self.device), torch.stack(acts).to(self.device)
 
-    def _denoise(self, rows: list[_Row], batch: ModelBatch, noise: Mapping | None, timer: _Timer) -> DenoiseResult:
+    def _denoise(
+        self, rows: list[_Row], batch: ModelBatch, noise: Mapping | None, timer: _Timer, guide=None
+    ) -> DenoiseResult:
         cfg = self.dit_cfg
         states = [r.state for r in rows]
         starts, nfpb = [s.current_start_frame for s in states], cfg.num_frame_per_block
@@ -755,4 +774,5 @@ class DreamZeroPipeline:
                 kv_cache=stack_caches(states),
                 start_frame=starts,
                 y=y,
+                action_guide=guide,
             )

@@ -70,6 +70,32 @@ def _reset_mask(reset, n: int) -> list[bool]:
     return [bool(r) for r in mask] if mask is not None else [False] * n
 
 
+def _action_prefix(prefix, n: int, batched: bool, action_dim: int) -> list[np.ndarray | None] | None:
+    """RLDX-1's `action_prefix`: [P, D] (every row, or the one row of an unbatched call), [B, P, D], or B entries
+    of [P, D] / None; robot units, D = the embodiment's action dims."""
+    if prefix is None:
+        return None
+    try:
+        arr = np.asarray(prefix, np.float64)
+    except (TypeError, ValueError):  # ragged, or rows left out with None: one entry per row
+        arr = None
+    if arr is None:
+        rows = [None if p is None else np.asarray(p, np.float64) for p in prefix]
+    elif arr.ndim == 2:
+        rows = [arr] * n
+    elif arr.ndim == 3 and batched:
+        rows = list(arr)
+    else:
+        want = "[B, P, D] or [P, D]" if batched else "[P, D]"
+        raise InvalidRequest(f"action_prefix: expected {want}, received shape {arr.shape}")
+    if len(rows) != n:
+        raise InvalidRequest(f"action_prefix: expected {n} rows (one per observation row), received {len(rows)}")
+    for p in rows:
+        if p is not None and (p.ndim != 2 or p.shape[1] != action_dim):
+            raise InvalidRequest(f"action_prefix: rows must be [P, {action_dim}] robot actions, received {p.shape}")
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # 2. The embedded policy
 # ---------------------------------------------------------------------------------------------------------------------
@@ -122,8 +148,17 @@ class EmbeddedPolicy:
         reset: bool | Sequence[bool] = False,
         seed: int | Sequence[int] | None = None,
         expected_steps: int | Sequence[int | None] | None = None,
+        rtc_prefix_len: int | Sequence[int | None] | None = None,
+        action_prefix: np.ndarray | Sequence[np.ndarray | None] | None = None,
+        rtc_exec_horizon: int | Sequence[int | None] | None = None,
     ) -> PolicyResult:
-        """One action chunk per session. An unbatched observation gives actions [H, D] (session_ids may be a str)."""
+        """One action chunk per session. An unbatched observation gives actions [H, D] (session_ids may be a str).
+
+        Real-time chunking (docs/rtc.md), per row or one value for all: `rtc_prefix_len` d = actions of the previous
+        chunk the robot executes while this one computes; `rtc_exec_horizon` s = actions of it executed before this
+        observation (default H - d); `action_prefix` [P, D] robot actions from this observation on, which win over
+        the chunk the session kept. The first d actions returned are then the previous chunk's; skip them.
+        """
         t0 = time.perf_counter()
         batch, context = self.embodiment.preprocess(observation, instructions)
         n = len(batch)
@@ -132,6 +167,9 @@ class EmbeddedPolicy:
             reset_mask=_reset_mask(reset, n),
             expected_steps=_per_row(expected_steps, n, "expected_steps"),
             seeds=_per_row(seed, n, "seed"),
+            rtc_prefix_len=_per_row(rtc_prefix_len, n, "rtc_prefix_len"),
+            rtc_exec_horizon=_per_row(rtc_exec_horizon, n, "rtc_exec_horizon"),
+            action_prefix=_action_prefix(action_prefix, n, context.batched, self.embodiment.action_dim),
         )
         t1 = time.perf_counter()
         result = self.pipeline.generate(model_batch)

@@ -15,12 +15,25 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from dreamzero.errors import ConfigError
 from dreamzero.types import RESTART_REASONS
 
 BRANCHES = ("cond", "uncond")  # classifier-free guidance branches, each with its own KV cache
+
+
+@dataclass
+class PreviousChunk:
+    """The last action chunk a session returned, kept for real-time chunking (docs/rtc.md).
+
+    `actions` [H, max_action_dim] float64 is in robot units (before the gripper rule) when the call carried an action
+    codec, else in normalised model units; NaN marks dims with no robot meaning (padding, constant dims).
+    """
+
+    actions: np.ndarray
+    units: str  # "robot" | "normalised": a chunk is only reused in the units it was stored in
 
 
 @dataclass
@@ -47,6 +60,8 @@ class SessionState:
     latent_hw: tuple[int, int] = (0, 0)  # latent grid of this session's video
     reset_pending: bool = False  # an explicit reset_sessions() call: the next call restarts ("reset_requested")
     last_used: float = 0.0  # store clock at the last access
+    # the last chunk returned (host memory, a few KB); survives restarts that keep the robot's motion going
+    prev_chunk: PreviousChunk | None = None
     # random id of this state, new at every (re)start: clients echo it so that stale state left on a replica
     # (after a scale-down or a routing change) is recognised even when its step count happens to match
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])

@@ -37,6 +37,17 @@ class ModelBatch:
     expected_incarnations: list[str | None] | None = None
     seeds: list[int] | None = None  # per row noise seed; None -> 1140 (every reference client's seed)
     embodiment_id: list[int] | None = None  # accepted for wire compatibility; ignored by the DiT (forced to 0)
+    # real-time chunking (docs/rtc.md), per row; None everywhere = off and the chunk is exactly today's
+    rtc_prefix_len: list[int | None] | None = None  # d: previous-chunk actions the robot runs while this one computes
+    # s: previous-chunk actions run before this observation; None -> H - len(action_prefix row) or H - d
+    rtc_exec_horizon: list[int | None] | None = None
+    # per row None or [P, D] (P >= d): the previous chunk from this observation on (row i = new action i), robot
+    # units when action_gain is set, else normalised; wins over the chunk the session cached
+    action_prefix: list[np.ndarray | None] | None = None
+    # float64 [B, max_action_dim] each: robot = gain * model + bias, the map postprocess applies before the gripper
+    # rule for this row's state (gain 0: padding / constant dim); None = the normalised form (identity)
+    action_gain: np.ndarray | None = None
+    action_bias: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.session_ids)

@@ -49,6 +49,9 @@ class PreprocessedBatch:
     state_mask: np.ndarray  # bool [B, 1, max_state_dim]
     prompts: list[str]  # B formatted prompts
     negative_prompts: list[str]  # B negative prompts
+    # float64 [B, max_action_dim] each: robot = gain * model + bias for this row's state (`Embodiment.action_codec`)
+    action_gain: np.ndarray | None = None
+    action_bias: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -59,13 +62,17 @@ class PreprocessedBatch:
         reset_mask: list[bool] | None = None,
         expected_steps: list[int | None] | None = None,
         seeds: list[int] | None = None,
+        **rtc_options,
     ) -> ModelBatch:
+        """`rtc_options`: the ModelBatch real-time chunking fields (rtc_prefix_len, rtc_exec_horizon, action_prefix);
+        the action codec travels with the batch so a prefix in robot units can be brought to model units."""
         if len(session_ids) != len(self):
             raise InvalidRequest(f"session_ids: expected {len(self)} ids (one per row), received {len(session_ids)}")
         return ModelBatch(
             images=self.images, state=self.state, state_mask=self.state_mask, prompts=list(self.prompts),
             session_ids=list(session_ids), negative_prompts=list(self.negative_prompts), reset_mask=reset_mask,
-            expected_steps=expected_steps, seeds=seeds,
+            expected_steps=expected_steps, seeds=seeds, action_gain=self.action_gain, action_bias=self.action_bias,
+            **rtc_options,
         )  # fmt: skip
 
 
@@ -339,7 +346,8 @@ class Embodiment:
         state, state_mask = pad_with_mask(normalised, self.max_state_dim)
         # 3. prompts
         prompts = self._prompts(instructions, parsed)
-        batch = PreprocessedBatch(canvas, state, state_mask, prompts, [self.negative_prompt] * b)
+        gain, bias = self.action_codec(parsed.state)
+        batch = PreprocessedBatch(canvas, state, state_mask, prompts, [self.negative_prompt] * b, gain, bias)
         context = PostprocessContext(self.tag, {k: parsed.state[k].copy() for k in self.state_keys}, parsed.batched)
         return batch, context
 
@@ -354,6 +362,26 @@ class Embodiment:
             out[key] = actions[..., start : start + width]
             start += width
         return out
+
+    def action_codec(self, state: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The affine map postprocess applies before the gripper rule, per row: robot = gain * model + bias.
+
+        state: raw current state per key [B, D]. Returns float64 (gain, bias) [B, max_action_dim]: q99 un-normalising
+        gives gain = (q99 - q01) / 2 and bias = q01 + gain, relative keys add the current state to the bias; gain is
+        0 on padding and on constant dims (they carry no information), so real-time chunking never steers them.
+        """
+        b = next(iter(state.values())).shape[0]
+        gain, bias = np.zeros((b, self.max_action_dim)), np.zeros((b, self.max_action_dim))
+        offsets = {rule.action_key: np.asarray(state[rule.state_key], np.float64) for rule in self.relative_actions}
+        start = 0
+        for key in self.action_keys:
+            norm = self.action_normalisers[key]
+            half_span = (norm.q99 - norm.q01) / 2.0
+            stop = start + norm.dim
+            gain[:, start:stop] = half_span
+            bias[:, start:stop] = norm.q01 + half_span + offsets.get(key, 0.0)
+            start = stop
+        return gain, bias
 
     def postprocess(self, actions: np.ndarray, context: PostprocessContext) -> np.ndarray:
         """Normalised [B, A, >= action_dim] -> robot actions float32 [B, A, action_dim]."""

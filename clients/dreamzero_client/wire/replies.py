@@ -38,8 +38,10 @@ class SessionReport:
     restart_reason: str | None  # one of RESTART_REASONS when restarted, else None
     frame_position: int  # current_start_frame after this call (latent frames)
     incarnation: str | None = None  # random id of this session state, new at every (re)start; echo it back
+    rtc: str | None = None  # real-time chunking: "client_prefix" | "session_cache" | "cold_start"; None = not asked
 
     def to_dict(self) -> dict:
+        extra = {} if self.rtc is None else {"rtc": self.rtc}
         return {
             "session_id": self.session_id,
             "step": self.step,
@@ -47,6 +49,7 @@ class SessionReport:
             "restart_reason": self.restart_reason,
             "frame_position": self.frame_position,
             "incarnation": self.incarnation,
+            **extra,
         }
 
 
