@@ -207,13 +207,28 @@ class PnpSafetyFilter:
         row = np.asarray(row, dtype=np.float64)
         if row.shape != (ACTION_DIM,) or not np.all(np.isfinite(row)):
             raise PnpChunkRejected(f"action row must be {ACTION_DIM} finite numbers, got {row!r}", field="actions[i]")
+        self._check_measured(tcp)
+        target = action_to_target(row, tcp.pose, self.space)
+        return self._safe_command(target.pose, target.gripper_closed, tcp)
+
+    def step_to_pose(self, pose: np.ndarray, tcp: TcpState) -> PnpCommand:
+        """The safe command one control step towards an absolute 4x4 TCP pose (used for the reset move)."""
+        pose = np.asarray(pose, dtype=np.float64)
+        if pose.shape != (4, 4) or not np.all(np.isfinite(pose)):
+            raise PnpChunkRejected(f"pose must be a finite 4x4 matrix, got {pose.shape}", field="pose")
+        self._check_measured(tcp)
+        return self._safe_command(pose, None, tcp)
+
+    @staticmethod
+    def _check_measured(tcp: TcpState) -> None:
         if not (np.all(np.isfinite(tcp.pose)) and np.all(np.isfinite(tcp.joint_positions))):
             raise PnpChunkRejected("the measured TCP pose or joint positions are not finite", field="tcp")
+
+    def _safe_command(self, target_pose: np.ndarray, gripper_closed: bool | None, tcp: TcpState) -> PnpCommand:
         ref = self._ref or _Reference(np.asarray(tcp.pose, dtype=np.float64), np.asarray(tcp.joint_positions, float))
-        target = action_to_target(row, tcp.pose, self.space)
         clamped: list[str] = []
 
-        goal = self._clip_workspace(target.pose, ref.pose, clamped)
+        goal = self._clip_workspace(target_pose, ref.pose, clamped)
         goal = self._limit_step(goal, ref.pose, clamped)
 
         q = self._reachable(goal, ref, tcp.pose)
@@ -228,7 +243,7 @@ class PnpSafetyFilter:
             self.reset()
             return PnpCommand(None, None, None, (*clamped, *problems))
         self._ref = _Reference(goal, q)
-        return PnpCommand(goal, q, target.gripper_closed, tuple(clamped))
+        return PnpCommand(goal, q, gripper_closed, tuple(clamped))
 
     def _clip_workspace(self, pose: np.ndarray, ref: np.ndarray, clamped: list[str]) -> np.ndarray:
         poses = self.poses
