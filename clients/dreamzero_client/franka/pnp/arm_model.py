@@ -18,17 +18,31 @@ import numpy as np
 from dreamzero_client.franka.kinematics import _DH, HAND_TCP_OFFSET_M, _link_transform
 from dreamzero_client.franka.pnp.rotations import make_pose, matrix_to_rotvec, rot_z
 
+_STALL_ITERATIONS = 4
+
 #: flange -> TCP of the Franka Hand (libfranka's default NE_T_EE for the hand)
 FLANGE_TO_TCP = make_pose([0.0, 0.0, HAND_TCP_OFFSET_M], rot_z(-np.pi / 4))
 
 
-def _frames(q: np.ndarray) -> list[np.ndarray]:
-    """Base -> frame i for joints 1..7, then the flange (8 poses)."""
-    q = np.asarray(q, dtype=np.float64).reshape(7)
-    pose, out = np.eye(4), []
-    for (a, d, alpha), theta in zip(_DH, [*q, 0.0]):
-        pose = pose @ _link_transform(a, d, alpha, theta)
-        out.append(pose)
+# each link is a constant part RotX(alpha) TransX(a) followed by RotZ(theta) TransZ(d); precompute the constant
+_LINK_FIXED = np.stack([_link_transform(a, 0.0, alpha, 0.0) for a, _, alpha in _DH])
+_LINK_D = _DH[:, 1].copy()
+
+
+def _frames(q: np.ndarray) -> np.ndarray:
+    """(8, 4, 4): base -> frame i for joints 1..7, then the flange. Same chain as `kinematics.flange_pose`."""
+    theta = np.zeros(8)
+    theta[:7] = np.asarray(q, dtype=np.float64).reshape(7)
+    c, s = np.cos(theta), np.sin(theta)
+    rz = np.zeros((8, 4, 4))
+    rz[:, 0, 0], rz[:, 0, 1], rz[:, 1, 0], rz[:, 1, 1] = c, -s, s, c
+    rz[:, 2, 2], rz[:, 3, 3], rz[:, 2, 3] = 1.0, 1.0, _LINK_D
+    links = _LINK_FIXED @ rz
+    out = np.empty((8, 4, 4))
+    pose = np.eye(4)
+    for i in range(8):
+        pose = pose @ links[i]
+        out[i] = pose
     return out
 
 
@@ -44,12 +58,10 @@ def tcp_jacobian(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """
     frames = _frames(q)
     pose = frames[-1] @ FLANGE_TO_TCP
-    p = pose[:3, 3]
+    z, o = frames[:7, :3, 2], frames[:7, :3, 3]
     jac = np.empty((6, 7))
-    for i in range(7):
-        z, o = frames[i][:3, 2], frames[i][:3, 3]
-        jac[:3, i] = np.cross(z, p - o)
-        jac[3:, i] = z
+    jac[:3] = np.cross(z, pose[:3, 3] - o).T
+    jac[3:] = z.T
     return pose, jac
 
 
@@ -79,15 +91,22 @@ def solve_ik(
     """Damped least squares from `seed`, every iterate clipped into [lower, upper].
 
     Clipping makes the answer honest for the safety filter: a target that needs a joint past its limit does not
-    converge (the error stays), instead of converging to a configuration that cannot be commanded.
+    converge (the error stays), instead of converging to a configuration that cannot be commanded. The iteration
+    also stops once the error has not shrunk for `_STALL_ITERATIONS` steps, which bounds the time spent proving that
+    a target is unreachable (the filter may ask several times per control step).
     """
     q = np.clip(np.asarray(seed, dtype=np.float64).reshape(7), lower, upper)
-    err = np.zeros(6)
+    best, stalled = np.inf, 0
     for _ in range(max_iterations):
         pose, jac = tcp_jacobian(q)
         err = pose_error(target, pose)
         if np.linalg.norm(err[:3]) <= tol_m and np.linalg.norm(err[3:]) <= tol_rad:
             return IkResult(q, float(np.linalg.norm(err[:3])), float(np.linalg.norm(err[3:])), True)
+        size = float(np.linalg.norm(err))
+        stalled = stalled + 1 if size > 0.99 * best else 0
+        best = min(best, size)
+        if stalled >= _STALL_ITERATIONS:
+            break
         jjt = jac @ jac.T + (damping**2) * np.eye(6)
         q = np.clip(q + jac.T @ np.linalg.solve(jjt, err), lower, upper)
     err = pose_error(target, tcp_pose(q))
