@@ -136,10 +136,15 @@ def test_expected_rows_is_enforced():
         r.filt.check_chunk(rows(n=24), r.robot.observe_tcp())
 
 
-def test_a_bad_row_is_refused_by_step():
+def test_a_bad_row_or_pose_is_refused():
     r = rig()
     with pytest.raises(PnpChunkRejected, match="finite"):
         r.filt.step(np.array([0, 0, 0, np.nan, 0, 0, 1.0]), r.robot.observe_tcp())
+    with pytest.raises(PnpChunkRejected, match="7 finite"):
+        r.filt.step(np.zeros(8), r.robot.observe_tcp())
+    with pytest.raises(PnpChunkRejected, match="4x4"):
+        r.filt.step_to_pose(np.eye(3), r.robot.observe_tcp())
+    assert r.robot.pose_commands == []
 
 
 # -- per-step limits ---------------------------------------------------------------------------------------------------
@@ -188,7 +193,7 @@ def test_an_arm_pushed_away_from_the_last_command_makes_the_filter_hold():
     pushed = POSES.reset + np.array([-0.09, 0.14, 0.0, 0, 0, 0])  # 17 cm away, as after a collision
     r.robot.move_to(joints_for(pushed, seed=POSES.home_joints), timeout_s=1.0)
     held = r.filt.step(rows(1)[0], r.robot.observe_tcp())
-    assert held.hold and held.pose is None and "lead_or_joints" in held.clamped
+    assert held.hold and held.pose is None and "shortened" in held.clamped
     # after the hold the filter starts again from the measured pose
     again = r.filt.step(rows(1)[0], r.robot.observe_tcp())
     assert not again.hold
@@ -201,7 +206,7 @@ def test_joint_limits_shorten_then_hold():
     cfg = PnpSafetyConfig(joint_lower=home - 0.15, joint_upper=home + 0.15, joint_margin_rad=0.1)
     r = rig(cfg)
     commands = execute(r, rows(1, 0, 0, 0, 0, 0.5, n=4))
-    assert any("lead_or_joints" in c.clamped for c in commands)
+    assert any("shortened" in c.clamped for c in commands)
     assert commands[-1].hold
     for c in commands:
         if not c.hold:

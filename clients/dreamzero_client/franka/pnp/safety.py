@@ -130,7 +130,9 @@ class PnpCommand:
     pose: np.ndarray | None  # 4x4 TCP target
     joints: np.ndarray | None  # (7,) IK configuration of `pose`, inside the joint limits
     gripper_closed: bool | None  # True close, False open, None keep
-    clamped: tuple[str, ...]  # limits that changed the target: workspace, rotation_window, step_limit, lead, joints
+    # what changed the target: "workspace", "rotation_window", "step_limit", and "shortened" when the step was cut
+    # (or, for a hold, refused) because the lead, joint-limit, joint-velocity or window checks failed along it
+    clamped: tuple[str, ...]
 
     @property
     def hold(self) -> bool:
@@ -235,12 +237,13 @@ class PnpSafetyFilter:
         q = self._reachable(goal, ref, tcp.pose)
         if q is None:
             fraction, q, goal = self._longest_safe_prefix(goal, ref, tcp.pose)
-            clamped.append("lead_or_joints")
+            clamped.append("shortened")
             if fraction <= 0.0:
                 self.reset()
                 return PnpCommand(None, None, None, tuple(clamped))
+        # `_reachable` already ran these checks; repeating them here keeps the final gate in one visible place
         problems = command_violations(goal, q, ref.pose, ref.q, tcp.pose, self.poses, self.config)
-        if problems:  # cannot happen by construction; never hand out a command that fails the checks
+        if problems:
             self.reset()
             return PnpCommand(None, None, None, (*clamped, *problems))
         self._ref = _Reference(goal, q)
