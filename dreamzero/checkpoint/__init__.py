@@ -14,8 +14,8 @@ from a local `google/umt5-xxl` copy (`dreamzero.model.tokenizer.resolve_tokenize
 """
 
 from dreamzero.checkpoint.diffusers import MODEL_INDEX_FILE, read_diffusers_config, save_diffusers
-from dreamzero.checkpoint.files import read_safetensors_header
-from dreamzero.checkpoint.full_weights import FULL_WEIGHTS_FILE, normalize_key, save_full_weights
+from dreamzero.checkpoint.files import normalize_key, read_safetensors_header
+from dreamzero.checkpoint.full_weights import FULL_WEIGHTS_FILE, save_full_weights
 from dreamzero.checkpoint.hf import (
     CONFIG_FILE,
     DEFAULT_SHARD_BYTES,

@@ -87,6 +87,26 @@ def read_safetensors_folder(folder: Path, index_name: str | None = None) -> dict
     return out
 
 
+def normalize_key(key: str) -> str:
+    """Drop wrapper names trainers leave in keys: `_orig_mod.` anywhere (torch.compile), leading `module.`
+    (DDP / FSDP) and the `.base_layer.` infix (PEFT)."""
+    parts = [p for p in key.split(".") if p != "_orig_mod"]
+    while parts and parts[0] == "module":
+        parts = parts[1:]
+    return ".".join(p for p in parts if p != "base_layer")
+
+
+def normalized_names(keys: Iterable[str], where: str) -> dict[str, str]:
+    """normalised name -> stored key; two keys that normalise alike fail naming both."""
+    out: dict[str, str] = {}
+    for key in keys:
+        name = normalize_key(key)
+        if name in out:
+            raise CheckpointError(f"{where}: {out[name]!r} and {key!r} both normalise to {name!r}")
+        out[name] = key
+    return out
+
+
 def list_names(items: Iterable[str], limit: int = 8) -> str:
     """Sorted, comma-separated, at most `limit` names (then how many more)."""
     items = sorted(items)

@@ -20,20 +20,12 @@ from pathlib import Path
 
 import torch
 
-from dreamzero.checkpoint.files import list_names
+from dreamzero.checkpoint.files import list_names, normalized_names
 from dreamzero.errors import CheckpointError
 
 FULL_WEIGHTS_FILE = "full_weights.pt"
 #: where trainers nest the state dict, tried in this order after the flat form
 NESTINGS = (("fsdp_checkpoint", "model"), ("state_dict",), ("model_state_dict",), ("model",), ("module",))
-
-
-def normalize_key(key: str) -> str:
-    """Drop wrapper names: `_orig_mod.` anywhere, leading `module.`, and the `.base_layer.` infix."""
-    parts = [p for p in key.split(".") if p != "_orig_mod"]
-    while parts and parts[0] == "module":
-        parts = parts[1:]
-    return ".".join(p for p in parts if p != "base_layer")
 
 
 def _torch_load(path: Path, **kwargs):
@@ -76,12 +68,7 @@ class FullWeightsSource:
         self.where = f"full weights {self.path}"
         nesting, state = _find_state_dict(_torch_load(self.path, map_location="meta"), self.path)
         self.nesting = nesting
-        self.keys: dict[str, str] = {}  # normalised name -> key in the file
-        for key in state:
-            name = normalize_key(key)
-            if name in self.keys:
-                raise CheckpointError(f"{self.path}: {self.keys[name]!r} and {key!r} both normalise to {name!r}")
-            self.keys[name] = key
+        self.keys = normalized_names(state, str(self.path))  # normalised name -> key in the file
         self._shapes = {name: tuple(state[key].shape) for name, key in self.keys.items()}
 
     def shapes(self) -> dict[str, tuple[int, ...]]:

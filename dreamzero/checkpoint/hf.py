@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from dreamzero.checkpoint.files import read_json, read_safetensors_folder, read_safetensors_header
+from dreamzero.checkpoint.files import normalized_names, read_json, read_safetensors_folder, read_safetensors_header
 from dreamzero.checkpoint.stream import LayoutSpec, SafetensorsSource, check_layout, owners, stream_into
 from dreamzero.errors import CheckpointError, ConfigError
 from dreamzero.model.release import RELEASE_PREFIX, ReleaseTensor
@@ -51,8 +51,10 @@ def read_weight_map(path: str | os.PathLike) -> dict[str, str]:
 
 
 def hf_source(path: Path) -> SafetensorsSource:
+    """Keys with wrapper names (RLinf exports may keep PEFT's `.base_layer.`) are read under their plain names."""
     weight_map = read_weight_map(path)
-    return SafetensorsSource(f"checkpoint {path}", {k: (path / f, k) for k, f in weight_map.items()})
+    names = normalized_names(weight_map, f"checkpoint {path}")
+    return SafetensorsSource(f"checkpoint {path}", {n: (path / weight_map[k], k) for n, k in names.items()})
 
 
 def release_spec(model) -> LayoutSpec:

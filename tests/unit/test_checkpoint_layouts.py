@@ -284,3 +284,20 @@ def test_diffusers_mismatches_are_named(saved, tmp_path):
     shutil.rmtree(path / "image_encoder")
     with pytest.raises(CheckpointError, match="no image_encoder/ folder"):
         load_model(path, **LOAD)
+
+
+def test_hf_export_with_peft_names_loads(model, saved, tmp_path):
+    """RLinf's HF export may keep PEFT's `.base_layer.` in DiT keys: they are read under their plain names."""
+    path = tmp_path / "hf"
+    shutil.copytree(saved["hf"], path)
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    plain = "action_head.model.blocks.1.self_attn.q.weight"
+    peft = "action_head.model.blocks.1.self_attn.q.base_layer.weight"
+    shard = path / index["weight_map"].pop(plain)
+    tensors = load_file(shard)
+    tensors[peft] = tensors.pop(plain)
+    save_file(tensors, shard)
+    index["weight_map"][peft] = shard.name
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    loaded = load_model(path, **LOAD)
+    assert torch.equal(loaded.model.blocks[1].self_attn.q.weight, model.model.blocks[1].self_attn.q.weight)
