@@ -84,3 +84,25 @@ def test_clip_and_vae(layout):
     assert s[vae + "encoder.conv1.weight"] == (160, 12, 3, 3, 3)  # 2x2 patchified RGB
     assert s[vae + "decoder.conv1.weight"] == (1024, 48, 3, 3, 3)  # decoder base 256 x 4, z 48
     assert vae + "decoder.upsamples.0.upsamples.3.resample.1.weight" in s
+
+
+def test_diffusers_component_names_map_one_to_one(layout):
+    """The -Diffusers export's components hold the same tensors under HF / diffusers names: DiT 997 (no prefix),
+    UMT5EncoderModel 242 (embed_tokens tied to shared), CLIPVisionModel 519 = 3 embeddings + pre/post LayerNorm 4 +
+    32 layers x 16 (the release's 392 visual tensors minus the contrastive head, with each fused qkv weight / bias
+    split in three: + 32 x 4; no logit scale), AutoencoderKLWan 196."""
+    from dreamzero.checkpoint.diffusers import diffusers_spec
+
+    model, release = layout
+    spec = diffusers_spec(model)
+    groups = collections.Counter(t.name.split("/")[0] for t in spec.expected)
+    assert groups == {"transformer": 997, "text_encoder": 242, "image_encoder": 519, "vae": 196}
+    assert sum(math.prod(t.shape) for t in spec.expected) == sum(math.prod(s) for s in release.values()) - (
+        1280 * 1024 + 1  # CLIP's contrastive head and logit scale are not in this layout
+    )
+    assert set(spec.fills) == {"image_encoder.head", "image_encoder.log_scale"}
+    assert sorted(spec.optional)[:2] == [
+        "image_encoder/encoder.layers.31.layer_norm1.bias",
+        "image_encoder/encoder.layers.31.layer_norm1.weight",
+    ]
+    assert len(spec.optional) == 16 + 2  # the unused last block and post_layernorm
