@@ -72,20 +72,27 @@ def _full_weights_config(file: Path):
     )
 
 
+def _described_by(config, own: str) -> str:
+    """What the tensor names are checked against, for the error message."""
+    if config is None:
+        return own
+    return f"config {config!r}" if isinstance(config, str) else "the given config"
+
+
 def _open(path: Path, layout: str, config):
     """(config, source, spec maker, what the names are checked against, folder of tokenizer/ etc.)"""
     if layout == "hf":
         cfg = _resolve_config(config, lambda: read_config(path))
-        return cfg, hf_source(path), release_spec, "its config.json" if config is None else "the given config", path
+        return cfg, hf_source(path), release_spec, _described_by(config, "its config.json"), path
     if layout == "full_weights":
         file = path / FULL_WEIGHTS_FILE if path.is_dir() else path
         if not file.is_file():
             raise CheckpointError(f"{file} does not exist")
         cfg = _resolve_config(config, lambda: _full_weights_config(file))
-        described = f"config {config!r}" if isinstance(config, str) else "the given config"
+        described = _described_by(config, f"the {CONFIG_FILE} beside it")
         return cfg, FullWeightsSource(file), release_spec, described, file.parent
     cfg = _resolve_config(config, lambda: read_diffusers_config(path))
-    return cfg, diffusers_source(path), diffusers_spec, "its component configs", path
+    return cfg, diffusers_source(path), diffusers_spec, _described_by(config, "its component configs"), path
 
 
 def load_model(
