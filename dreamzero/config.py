@@ -19,7 +19,9 @@ from dreamzero.errors import ConfigError
 class DiTConfig:
     """Shape of the causal Wan DiT with action/state registers."""
 
-    model_type: str = "i2v"  # "i2v" (14B: first-frame `y` conditioning + CLIP) or "ti2v" (5B: neither)
+    # "i2v" (14B: first-frame `y` latent + CLIP), "ti2v" (5B: CLIP only, no `y`) or "t2v" (neither); upstream builds
+    # the image branch (`img_emb`, `k_img` / `v_img` / `norm_k_img`) for i2v and ti2v
+    model_type: str = "i2v"
     patch_size: tuple[int, int, int] = (1, 2, 2)
     frame_seqlen: int = 880  # video tokens per latent frame (44x80 latent / 2x2 patches for DROID 14B)
     text_len: int = 512
@@ -53,7 +55,7 @@ class DiTConfig:
 
     @property
     def has_image_input(self) -> bool:
-        return self.model_type == "i2v"
+        return self.model_type in ("i2v", "ti2v")
 
     @property
     def max_attention_frames(self) -> int:
@@ -132,7 +134,7 @@ class DreamZeroConfig:
     name: str = "custom"
     dit: DiTConfig = field(default_factory=DiTConfig)
     text_encoder: TextEncoderConfig = field(default_factory=TextEncoderConfig)
-    image_encoder: ImageEncoderConfig | None = field(default_factory=ImageEncoderConfig)  # None for 5B
+    image_encoder: ImageEncoderConfig | None = field(default_factory=ImageEncoderConfig)  # None only without CLIP (t2v)
     vae: VAEConfig = field(default_factory=VAEConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     action_horizon: int = 24
@@ -158,10 +160,10 @@ def _libero_5b() -> DreamZeroConfig:
             out_dim=48,
             num_heads=24,
             num_layers=30,
-            concat_first_frame_latent=False,
+            concat_first_frame_latent=False,  # the anchor frame enters through CLIP only
             num_action_per_block=16,
         ),
-        image_encoder=None,
+        image_encoder=ImageEncoderConfig(),  # the same ViT-H/14 (block-31 output) as 14B, run on the anchor frame
         vae=VAEConfig(kind="wan2.2", base_dim=160, z_dim=48, dim_mult=(1, 2, 4, 4), decoder_base_dim=256),
         pipeline=PipelineConfig(model_input_hw=(160, 320)),
         action_horizon=16,

@@ -320,7 +320,7 @@ class DreamZeroPipeline:
                 f"{self.dit_cfg.num_action_per_block}"
             )
         if self.dit_cfg.has_image_input and getattr(model, "image_encoder", None) is None:
-            raise ConfigError("an i2v DiT needs model.image_encoder (CLIP); the model has none")
+            raise ConfigError("a DiT with the image branch (i2v, ti2v) needs model.image_encoder (CLIP); none given")
         p = next(self.dit.parameters())
         self.device, self.dtype = p.device, p.dtype
         # prompt -> T5 rows [1, text_len, text_dim], LRU: new sessions mostly reuse a few prompts (and every guided
@@ -713,7 +713,7 @@ class DreamZeroPipeline:
             lat = self._vae_encode(video)[:, :, -nfpb:]  # [G, z, nfpb, h, w]
         starts = [s.current_start_frame - nfpb for s in states]
         y = None
-        if self.dit_cfg.has_image_input:
+        if self.dit_cfg.has_image_input and self.dit_cfg.concat_first_frame_latent:
             y = torch.cat([s.y[:, :, st : st + nfpb] for s, st in zip(states, starts)])
         with timer("prefill"):
             ctx = self._context_emb(states, [s.clip_feature for s in states])
@@ -754,7 +754,7 @@ class DreamZeroPipeline:
         video_noise, action_noise = self._noise(rows, (cfg.out_dim, nfpb, *states[0].latent_hw), noise)
         state = torch.from_numpy(np.ascontiguousarray(batch.state[[r.index for r in rows]])).float().to(self.device)
         y = None
-        if cfg.has_image_input:
+        if cfg.has_image_input and cfg.concat_first_frame_latent:  # ti2v (5B): CLIP only, no first-frame latent
             for s in states:
                 if s.current_start_frame + nfpb > s.y.shape[2]:
                     raise RuntimeError(

@@ -3,7 +3,7 @@
 Attribute -> release key prefix (every key also starts with `action_head.`):
     .model          -> `model.`                       (CausalWanDiT, upstream names)
     .text_encoder   -> `text_encoder.`                (UMT5, Wan names)
-    .image_encoder  -> `image_encoder.model.`         (CLIP ViT-H/14 visual tower + logit scale; None for 5B)
+    .image_encoder  -> `image_encoder.model.`         (CLIP ViT-H/14 visual tower + logit scale; 14B and 5B)
     .vae            -> `vae.model.`                   (Wan 2.1 / 2.2 VAE, Wan names)
 `release_tensors()` lists every tensor under its release name with the parameter(s) that hold it; the checkpoint
 loader and writer, and the layout test, all go through it.
@@ -16,9 +16,9 @@ import math
 import torch
 from torch import nn
 
-from dreamzero.checkpoint import RELEASE_PREFIX, ReleaseTensor
 from dreamzero.config import DreamZeroConfig
 from dreamzero.model.image_encoder import CLIPImageEncoder
+from dreamzero.model.release import RELEASE_PREFIX, ReleaseTensor
 from dreamzero.model.text_encoder import T5TextEncoder
 from dreamzero.model.vae import WanVAE
 

@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dreamzero.checkpoint import ReleaseTensor
 from dreamzero.config import ImageEncoderConfig
+from dreamzero.model.release import ReleaseTensor
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)

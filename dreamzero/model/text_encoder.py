@@ -23,8 +23,8 @@ import re
 import torch
 from torch import nn
 
-from dreamzero.checkpoint import ReleaseTensor
 from dreamzero.config import TextEncoderConfig
+from dreamzero.model.release import ReleaseTensor
 from dreamzero.model.tokenizer import clean_prompt
 
 # (Wan regex, transformers template); N is the block index

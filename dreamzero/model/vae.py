@@ -30,8 +30,8 @@ import re
 import torch
 from torch import nn
 
-from dreamzero.checkpoint import ReleaseTensor
 from dreamzero.config import VAEConfig
+from dreamzero.model.release import ReleaseTensor
 
 try:  # diffusers' private norm class: swapped for the faster one below when it is where we expect it
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm as _WanRMSNorm

@@ -16,6 +16,7 @@ from dreamzero.device import parse_device, parse_dtype, select_device
 from dreamzero.errors import CheckpointError, ConfigError
 from dreamzero.model.dreamzero import DreamZeroModel
 from dreamzero.model.tokenizer import build_local_tokenizer
+from tests.unit.checkpoint_fixtures import tiny_5b_config
 
 PARITY = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "dit-parity"
 
@@ -232,7 +233,8 @@ def test_release_style_config_maps_onto_presets():
     )
     release["action_head_cfg"]["config"]["vae_cfg"] = {"vae_pretrained_path": "/ckpts/Wan2.2_VAE.pth"}
     five = from_checkpoint_config(release)
-    assert five.image_encoder is None and five.vae == preset("libero_5b").vae
+    assert five.image_encoder == preset("libero_5b").image_encoder == preset("droid_14b").image_encoder
+    assert five.vae == preset("libero_5b").vae and five.dit.has_image_input
     for name in ("droid_14b", "libero_5b", "tiny"):
         assert from_checkpoint_config(json.loads(json.dumps(to_checkpoint_config(preset(name))))) == preset(name)
     with pytest.raises(ConfigError, match="action_head_cfg.config"):
@@ -277,32 +279,17 @@ def test_device_selection_and_overrides(monkeypatch):
             parse_device("cuda")
 
 
-def _tiny_5b():
-    import dataclasses
-
-    tiny = preset("tiny")
-    dit = dataclasses.replace(tiny.dit, model_type="ti2v", in_dim=48, out_dim=48, concat_first_frame_latent=False)
-    vae = dataclasses.replace(preset("libero_5b").vae, base_dim=8, decoder_base_dim=16, num_res_blocks=1)
-    return dataclasses.replace(tiny, name="tiny_5b", dit=dit, image_encoder=None, vae=vae)
-
-
-def test_5b_variant_round_trips_and_ignores_a_shipped_clip(tmp_path, caplog):
-    cfg = _tiny_5b()
+def test_5b_variant_round_trips_with_its_clip_and_nested_vae(tmp_path):
+    cfg = tiny_5b_config()
     model = DreamZeroModel.from_config(cfg, device="cpu", dtype=torch.float32, seed=2)
     model.text_encoder.tokenizer = build_local_tokenizer(cfg.text_encoder.vocab_size)
     path = save_model(model, tmp_path / "five")
     index = json.loads((path / INDEX_FILE).read_text())
     assert "action_head.vae.model.decoder.upsamples.0.upsamples.2.resample.1.weight" in index["weight_map"]
-    # a release 5B directory may also carry CLIP weights this variant never uses
-    shard = path / next(iter(index["weight_map"].values()))
-    tensors = load_file(shard)
-    tensors["action_head.image_encoder.model.log_scale"] = torch.tensor(1.0)
-    save_file(tensors, shard)
-    index["weight_map"]["action_head.image_encoder.model.log_scale"] = shard.name
-    (path / INDEX_FILE).write_text(json.dumps(index))
+    assert "action_head.model.blocks.0.cross_attn.k_img.weight" in index["weight_map"]
+    assert "action_head.image_encoder.model.log_scale" in index["weight_map"]
     loaded = load_model(path, device="cpu", dtype=torch.float32)
-    assert "ignoring action_head.image_encoder." in caplog.text
-    assert loaded.config == cfg and loaded.image_encoder is None
+    assert loaded.config == cfg and loaded.image_encoder is not None
     a, b = model.state_dict(), loaded.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     video = torch.rand(1, 3, 5, 32, 64, generator=torch.Generator().manual_seed(0)) * 2 - 1

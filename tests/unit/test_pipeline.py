@@ -76,12 +76,11 @@ class StubVAE:
 
 def make_model(kind: str = "i2v"):
     cfg = preset("tiny")
-    if kind == "ti2v":  # libero_5b-shaped tiny variant: no y, no CLIP, z=48, 16x VAE, 16-step horizon
+    if kind == "ti2v":  # libero_5b-shaped tiny variant: CLIP but no y, z=48, 16x VAE, 16-step horizon
         cfg.dit = dataclasses.replace(
             cfg.dit, model_type="ti2v", in_dim=48, out_dim=48, frame_seqlen=8, concat_first_frame_latent=False,
             num_action_per_block=16,
         )  # fmt: skip
-        cfg.image_encoder = None
         cfg.action_horizon = 16
         cfg.pipeline = dataclasses.replace(cfg.pipeline, model_input_hw=(64, 128))  # 16x VAE -> 4x8 latent
     torch.manual_seed(0)
@@ -96,7 +95,7 @@ def make_model(kind: str = "i2v"):
         model=dit,
         config=cfg,
         text_encoder=StubText(cfg.dit.text_dim),
-        image_encoder=StubImage(cfg.dit.image_dim) if kind == "i2v" else None,
+        image_encoder=StubImage(cfg.dit.image_dim),
         vae=StubVAE(cfg.dit.out_dim, 16 if kind == "ti2v" else 8),
     )
 
@@ -451,14 +450,15 @@ def test_prompts_are_encoded_once_across_sessions(model, cache_size):
     np.testing.assert_array_equal(ref.actions, first.actions)
 
 
-def test_ti2v_variant_has_no_first_frame_conditioning():
+def test_ti2v_variant_uses_clip_but_no_first_frame_latent():
     model = make_model("ti2v")
     pipe = make_pipe(model)
     pipe.generate(make_batch(["a"]))
     res = pipe.generate(make_batch(["a"], t=4), return_latents=True)
     assert res.actions.shape == (1, 16, 32) and res.video_latents.shape == (1, 48, 2, 4, 8)
     state, _ = pipe.store.lookup("a")
-    assert state.y is None and state.clip_feature is None and state.kv_len() == 3 * 8
+    assert state.y is None and state.clip_feature.shape == (1, 257, model.config.dit.image_dim)
+    assert state.kv_len() == 3 * 8
 
 
 def test_wrong_canvas_size_is_reported_and_forgets_the_batch(model):
