@@ -94,8 +94,16 @@ class StepPlan:
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+def cfg_row_layout(num_sessions: int, guided: bool) -> list[tuple[int, str]]:
+    """(session index, CFG branch) of each forward row for `num_sessions` sessions: session-major (s0 cond, s0 uncond,
+    s1 cond, ...) when guidance runs, one cond row per session otherwise. `branch_rows`, the contexts and the caches
+    all follow this layout."""
+    branches = BRANCHES if guided else BRANCHES[:1]
+    return [(s, b) for s in range(num_sessions) for b in branches]
+
+
 def branch_rows(x: torch.Tensor | None, guided: bool) -> torch.Tensor | None:
-    """[G, ...] -> [2G, ...] session-major (s0 cond, s0 uncond, s1 cond, ...) when guidance runs, else unchanged."""
+    """[G, ...] -> [2G, ...] in `cfg_row_layout` order when guidance runs, else unchanged."""
     if x is None or not guided:
         return x
     return x.repeat_interleave(2, dim=0)
@@ -590,10 +598,11 @@ class DreamZeroPipeline:
 
     def _context_emb(self, states: list[SessionState], clip: list[torch.Tensor | None]) -> CrossContext:
         """Cross-attention context for the rows of one forward, session-major: [R, (257 +) 512, D]."""
-        text = torch.cat([s.text_cache[b] for s in states for b in self._branches])
+        layout = cfg_row_layout(len(states), self._guided)
+        text = torch.cat([states[s].text_cache[b] for s, b in layout])
         img = None
         if self.dit_cfg.has_image_input:
-            img = torch.cat([c for c in clip for _ in self._branches])
+            img = torch.cat([clip[s] for s, _ in layout])
         return self.dit.embed_context(text, img)
 
     def _start_sessions(self, rows: list[_Row], anchors: torch.Tensor, timer: _Timer) -> None:
