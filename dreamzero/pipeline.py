@@ -31,12 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from dreamzero.config import (  # noqa: F401 (apply_overrides, validate_pipeline_config: re-exported)
-    DiTConfig,
-    PipelineConfig,
-    apply_overrides,
-    validate_pipeline_config,
-)
+from dreamzero.config import DiTConfig, PipelineConfig, apply_overrides
 from dreamzero.embodiments.transforms import NEGATIVE_PROMPT as DEFAULT_NEGATIVE_PROMPT
 from dreamzero.errors import ConfigError, InvalidObservation
 from dreamzero.model.dit import CausalWanDiT, CrossContext
@@ -310,7 +305,8 @@ class DreamZeroPipeline:
         self.dit_cfg: DiTConfig = self.dit.cfg
         model_cfg = getattr(model, "config", None)
         self.config = config or (model_cfg.pipeline if model_cfg is not None else PipelineConfig())
-        validate_pipeline_config(self.config)
+        if not isinstance(self.config, PipelineConfig):  # validated on construction: only its type needs a check
+            raise ConfigError(f"config must be a PipelineConfig, got {type(self.config).__name__}")
         self.store = store if store is not None else SessionStore()
         self.action_horizon = int(getattr(model_cfg, "action_horizon", self.dit_cfg.num_action_per_block))
         self.max_action_dim = self.dit_cfg.action_dim

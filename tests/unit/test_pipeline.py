@@ -83,7 +83,7 @@ def make_model(kind: str = "i2v"):
         )  # fmt: skip
         cfg.image_encoder = None
         cfg.action_horizon = 16
-        cfg.pipeline = dataclasses.replace(cfg.pipeline, model_input_hw=(64, 128))  # 16x VAE -> 4x8 latent
+        cfg.pipeline = cfg.pipeline.with_overrides({"model_input_hw": (64, 128)})  # 16x VAE -> 4x8 latent
     torch.manual_seed(0)
     dit = CausalWanDiT(cfg.dit).eval()
     with torch.no_grad():
@@ -419,7 +419,7 @@ def test_bad_input_names_the_field(model):
 def test_bad_config_names_the_field(model):
     with pytest.raises(ConfigError, match="dit_step_mask"):
         make_pipe(model, dit_step_mask=(True,) * 8)
-    with pytest.raises(ConfigError, match="unknown pipeline override"):
+    with pytest.raises(ConfigError, match="unknown pipeline knob .cfg_scal.. Did you mean .cfg_scale."):
         make_pipe(model, cfg_scal=3.0)
     with pytest.raises(ConfigError, match="prompt_cache_size"):
         make_pipe(model, prompt_cache_size=-1)
