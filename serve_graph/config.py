@@ -159,7 +159,8 @@ class AppArgs(_Strict):
     )
     pipeline: dict[str, Any] = Field(
         default_factory=dict,
-        description="Overrides of the inference loop (dreamzero.config.PipelineConfig), e.g. num_inference_steps.",
+        description="Overrides of the inference loop (dreamzero.config.PipelineConfig, docs/model.md 6.2), e.g. "
+        "num_inference_steps or compile; names and values are checked here, before any replica starts.",
     )
     return_latents: bool = Field(False, description="Ask the policy for predicted video latents (debugging).")
     api_key: str | None = Field(
