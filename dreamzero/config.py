@@ -8,11 +8,28 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
-import typing
+import json
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from dreamzero.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -104,27 +121,139 @@ class VAEConfig:
     decoder_base_dim: int | None = None  # Wan 2.2 decodes from a wider base (256); None = base_dim
 
 
-@dataclass
-class PipelineConfig:
-    """Inference-loop knobs (all overridable per deployment)."""
+_Step = Annotated[StrictInt, Field(ge=0)]
+_Pixels = Annotated[StrictInt, Field(ge=1)]
+_Similarity = Annotated[StrictFloat, Field(ge=-1.0, le=1.0)]
+# upstream default: run the DiT on 8 of 16 steps and reuse the last prediction on the others
+_UPSTREAM_STEP_MASK = (
+    True, True, True, False, False, False, True, False, False, False, True, False, False, True, True, True,
+)  # fmt: skip
 
-    num_inference_steps: int = 16
-    sigma_shift: float = 5.0
-    cfg_scale: float = 5.0
-    # upstream default: run the DiT on 8 of 16 steps and reuse the last prediction on the others
-    dit_step_mask: tuple[bool, ...] | None = (
-        True, True, True, False, False, False, True, False, False, False, True, False, False, True, True, True,
-    )  # fmt: skip
-    dynamic_skip: bool = False  # cosine-similarity skipping (replaces the static mask when True)
-    dynamic_skip_warmup: int = 2
-    dynamic_skip_thresholds: tuple[tuple[float, int], ...] = ((0.95, 4), (0.93, 2))  # (cos sim >, steps to skip)
-    default_seed: int = 1140
-    num_frames: int = 33  # frames of the conditioning window (8 * max_chunk_size + 1)
-    model_input_hw: tuple[int, int] | None = None  # in-model bilinear resize of the input (5B: 160x320); None: as sent
-    prompt_cache_size: int = 32  # T5 rows of recent prompts shared by all sessions (ours; 0 = encode per session)
-    # i2v conditioning encoded chunk by chunk from a per-session VAE state (ours; ~0.6 GB per 14B DROID session until
-    # its window is full); False: the whole window at the restart, as upstream, no state
-    conditioning_by_chunk: bool = True
+
+class PipelineConfig(BaseModel):
+    """Inference-loop knobs (all overridable per deployment: `pipeline:` in serve_config.yaml, `overrides=` of
+    `DreamZeroPipeline.load`). Validated on construction and frozen: a PipelineConfig in hand is always usable;
+    `with_overrides` makes a changed copy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    num_inference_steps: StrictInt = Field(16, ge=1, description="Flow-matching scheduler steps per action chunk.")
+    sigma_shift: StrictFloat = Field(5.0, gt=0, description="Timestep shift of the flow-UniPC sigma schedule.")
+    cfg_scale: StrictFloat = Field(
+        5.0, description="Classifier-free guidance scale on the video; 1.0 runs no unconditional rows at all."
+    )
+    dit_step_mask: tuple[StrictBool, ...] | None = Field(
+        _UPSTREAM_STEP_MASK,
+        description="One bool per scheduler step: run the DiT (true) or reuse the last prediction (false); the "
+        "first entry must be true. null runs the DiT on every step. Ignored when dynamic_skip is true.",
+    )
+    dynamic_skip: StrictBool = Field(
+        False, description="Skip DiT steps by the cosine similarity of successive predictions instead of the mask."
+    )
+    dynamic_skip_warmup: StrictInt = Field(
+        2, ge=1, description="Steps that always run before dynamic skipping may start."
+    )
+    dynamic_skip_thresholds: tuple[tuple[_Similarity, _Step], ...] = Field(
+        ((0.95, 4), (0.93, 2)),
+        description="[similarity, steps] pairs: when the cosine similarity exceeds `similarity` (-1..1), skip the "
+        "next `steps` (>= 0) DiT steps; the highest matching threshold wins.",
+    )
+    default_seed: StrictInt = Field(1140, ge=0, description="Noise seed of rows whose request carries none.")
+    num_frames: StrictInt = Field(
+        33, ge=1, description="Frames of the i2v conditioning window (8 * max_chunk_size + 1 on DROID)."
+    )
+    model_input_hw: tuple[_Pixels, _Pixels] | None = Field(
+        None,
+        description="[height, width] the input frames are resized to inside the model (bilinear; 5B: [160, 320]); "
+        "null keeps the size sent.",
+    )
+    prompt_cache_size: StrictInt = Field(
+        32, ge=0, description="T5 rows of recent prompts shared by all sessions (ours); 0 encodes per session."
+    )
+    conditioning_by_chunk: StrictBool = Field(
+        True,
+        description="Encode the i2v conditioning chunk by chunk from a per-session VAE state (ours; about 0.6 GB "
+        "per 14B DROID session until its window is full); false encodes the whole window at each restart, as "
+        "upstream, and keeps no state.",
+    )
+    compile: Literal["none", "dit", "all"] = Field(
+        "none",
+        description="torch.compile level: none (eager), dit (each DiT block), all (also the text/image encoders and "
+        "the VAE). Compiled models are warmed up at load. See docs/model.md, 'Compile levels'.",
+    )
+
+    @field_validator("dit_step_mask")
+    @classmethod
+    def _first_step_runs(cls, mask: tuple[bool, ...] | None) -> tuple[bool, ...] | None:
+        if mask is not None and (not mask or not mask[0]):
+            raise ValueError("the first entry must be true (step 0 has no prediction to reuse); or use null")
+        return mask
+
+    @model_validator(mode="after")
+    def _mask_covers_every_step(self) -> PipelineConfig:
+        mask = self.dit_step_mask
+        if mask is not None and len(mask) != self.num_inference_steps:
+            raise ValueError(
+                f"dit_step_mask has {len(mask)} entries but num_inference_steps is {self.num_inference_steps}; "
+                "give one bool per step, or null to run the DiT on every step"
+            )
+        return self
+
+    def with_overrides(self, overrides: Mapping[str, Any] | None) -> PipelineConfig:
+        """A copy with the knobs in `overrides` replaced, validated as a whole; a bad or unknown knob raises
+        ConfigError naming it (and the closest known name)."""
+        if not overrides:
+            return self
+        return parse_pipeline_config({**self.model_dump(), **overrides})
+
+
+def parse_pipeline_config(data: Mapping[str, Any]) -> PipelineConfig:
+    """`data` (e.g. from YAML / JSON) as a PipelineConfig, or ConfigError listing every bad knob."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"pipeline must be a mapping of knob names to values, got {type(data).__name__}")
+    try:
+        return PipelineConfig.model_validate(dict(data))
+    except ValidationError as err:
+        raise ConfigError(describe_errors(err, "pipeline")) from None
+
+
+def unknown_knob_message(name: str, where: str = "pipeline") -> str:
+    """The one place that names an unknown pipeline knob: the closest known name and the full list."""
+    known = list(PipelineConfig.model_fields)
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return f"unknown {where} knob {name!r}.{hint} Known knobs: {known}"
+
+
+_TYPE_NAMES = {  # pydantic error type -> what the field wants, in config-file words
+    **dict.fromkeys(("bool_type", "bool_parsing"), "true or false"),
+    **dict.fromkeys(("int_type", "int_parsing", "int_from_float"), "int"),
+    **dict.fromkeys(("float_type", "float_parsing"), "float"),
+    "string_type": "str",
+    **dict.fromkeys(("tuple_type", "list_type"), "a list"),
+    **dict.fromkeys(("dict_type", "model_type", "dataclass_type"), "an object"),
+}
+
+
+def describe_errors(err: ValidationError, where: str) -> str:
+    """A pydantic ValidationError as one line per problem, each naming the field (`where.field`) and the fix."""
+    lines = []
+    for e in err.errors():
+        loc = where + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"])
+        loc = loc.removeprefix(".")
+        got = e.get("input")
+        if e["type"] == "extra_forbidden":
+            lines.append(unknown_knob_message(str(e["loc"][-1]), where))
+            continue
+        kind = _TYPE_NAMES.get(e["type"])
+        if kind is not None:
+            lines.append(f"{loc} must be {kind}, got {got!r}")
+            continue
+        msg = "missing; give a value" if e["type"] == "missing" else e["msg"].removeprefix("Value error, ")
+        if not isinstance(got, (dict, list, tuple)) and e["type"] not in ("value_error", "missing"):
+            msg += f", got {got!r}"
+        lines.append(f"{loc}: {msg}")
+    return "; ".join(lines)
 
 
 @dataclass
@@ -141,7 +270,9 @@ class DreamZeroConfig:
     embodiment_tag: str = "oxe_droid"
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out["pipeline"] = self.pipeline.model_dump()
+        return out
 
 
 def _droid_14b() -> DreamZeroConfig:
@@ -196,44 +327,9 @@ def _tiny() -> DreamZeroConfig:
     )
 
 
-def validate_pipeline_config(cfg: PipelineConfig) -> None:
-    """Fail early, naming the field, on knobs the loop cannot honour."""
-    for name in ("dynamic_skip", "conditioning_by_chunk"):
-        if not isinstance(getattr(cfg, name), bool):
-            raise ConfigError(f"pipeline.{name} must be true or false, got {getattr(cfg, name)!r}")
-    if cfg.num_inference_steps < 1:
-        raise ConfigError(f"pipeline.num_inference_steps must be >= 1, got {cfg.num_inference_steps}")
-    if cfg.dit_step_mask is not None:
-        mask = tuple(bool(m) for m in cfg.dit_step_mask)
-        if len(mask) != cfg.num_inference_steps:
-            raise ConfigError(
-                f"pipeline.dit_step_mask has {len(mask)} entries but num_inference_steps is {cfg.num_inference_steps}; "
-                "give one bool per step or null for every step"
-            )
-        if not mask[0]:
-            raise ConfigError("pipeline.dit_step_mask[0] must be true: the first step has no prediction to reuse")
-    if cfg.dynamic_skip_warmup < 1:
-        raise ConfigError(f"pipeline.dynamic_skip_warmup must be >= 1, got {cfg.dynamic_skip_warmup}")
-    for thr, n in cfg.dynamic_skip_thresholds:
-        if not (-1.0 <= thr <= 1.0) or n < 0:
-            raise ConfigError(f"pipeline.dynamic_skip_thresholds entry ({thr}, {n}) needs -1 <= sim <= 1, steps >= 0")
-    if cfg.prompt_cache_size < 0:
-        raise ConfigError(f"pipeline.prompt_cache_size must be >= 0, got {cfg.prompt_cache_size}")
-    if cfg.model_input_hw is not None and (len(cfg.model_input_hw) != 2 or min(cfg.model_input_hw) < 1):
-        raise ConfigError(f"pipeline.model_input_hw must be (height, width) or null, got {cfg.model_input_hw}")
-
-
-def apply_overrides(config: PipelineConfig, overrides: dict | None) -> PipelineConfig:
-    """PipelineConfig with fields replaced by name; unknown names fail with the known ones."""
-    if not overrides:
-        return config
-    known = {f.name for f in dataclasses.fields(PipelineConfig)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ConfigError(f"unknown pipeline override(s) {unknown}; known: {sorted(known)}")
-    out = dataclasses.replace(config, **overrides)
-    validate_pipeline_config(out)
-    return out
+def apply_overrides(config: PipelineConfig, overrides: Mapping[str, Any] | None) -> PipelineConfig:
+    """`config.with_overrides(overrides)` (kept for callers that hold a config and a dict)."""
+    return config.with_overrides(overrides)
 
 
 PRESETS = {"droid_14b": _droid_14b, "libero_5b": _libero_5b, "tiny": _tiny}
@@ -253,48 +349,30 @@ def preset(name: str) -> DreamZeroConfig:
 _HEAD = "action_head_cfg.config"
 
 
-def _coerce(value, tp, where: str):
-    """Convert a JSON value to the dataclass field type `tp`, or fail naming the field."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        return _coerce(value, next(a for a in args if a is not type(None)), where)
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where} must be a list, got {value!r}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
-        if len(value) != len(args):
-            raise ConfigError(f"{where} must have {len(args)} entries, got {len(value)}")
-        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-    ok = {
-        bool: isinstance(value, bool),
-        int: isinstance(value, int) and not isinstance(value, bool),
-        float: isinstance(value, (int, float)) and not isinstance(value, bool),
-        str: isinstance(value, str),
-    }
-    if tp in ok:
-        if not ok[tp]:
-            raise ConfigError(f"{where} must be {tp.__name__}, got {value!r}")
-        return tp(value)
-    raise ConfigError(f"{where}: unsupported field type {tp}")
+def _validated(tp, value, where: str):
+    """`value` (JSON data) as type `tp` (a config dataclass, PipelineConfig, or a scalar type), checked strictly as
+    JSON: no bool for an int, no float for an int, lists of the right length for tuples; errors name the field."""
+    try:
+        return TypeAdapter(tp).validate_json(json.dumps(value), strict=True)
+    except ValidationError as err:
+        raise ConfigError(describe_errors(err, where)) from None
+    except (TypeError, ValueError) as err:  # json.dumps: not JSON data at all
+        raise ConfigError(f"{where}: not JSON data ({err})") from None
+
+
+def _fields(cfg) -> dict[str, Any]:
+    return cfg.model_dump() if isinstance(cfg, BaseModel) else dataclasses.asdict(cfg)
 
 
 def _overlay(base, source: dict | None, where: str):
-    """A copy of dataclass `base` with every key of `source` that names one of its fields (unknown keys ignored:
-    upstream configs also carry `_target_`, pretrained paths and training-only knobs)."""
+    """A copy of config `base` with every key of `source` that names one of its fields, validated (unknown keys
+    ignored: upstream configs also carry `_target_`, pretrained paths and training-only knobs)."""
     if source is None:
         return base
     if not isinstance(source, dict):
         raise ConfigError(f"{where} must be an object, got {type(source).__name__}")
-    hints = typing.get_type_hints(type(base))
-    changes = {
-        f.name: _coerce(source[f.name], hints[f.name], f"{where}.{f.name}")
-        for f in dataclasses.fields(base)
-        if f.name in source
-    }
-    return dataclasses.replace(base, **changes)
+    current = _fields(base)
+    return _validated(type(base), {**current, **{k: v for k, v in source.items() if k in current}}, where)
 
 
 def _guess_vae_kind(vae_cfg: dict | None, dit: DiTConfig) -> str:
@@ -332,7 +410,7 @@ def from_checkpoint_config(data: dict) -> DreamZeroConfig:
     head_fields["max_action_dim"] = "action_dim"
     for key, name in head_fields.items():
         if key in head:
-            dit = dataclasses.replace(dit, **{name: _coerce(head[key], int, f"{_HEAD}.{key}")})
+            dit = dataclasses.replace(dit, **{name: _validated(int, head[key], f"{_HEAD}.{key}")})
 
     text = _overlay(base.text_encoder, head.get("text_encoder_cfg"), f"{_HEAD}.text_encoder_cfg")
     image = None
@@ -346,19 +424,24 @@ def from_checkpoint_config(data: dict) -> DreamZeroConfig:
     ours = data.get("dreamzero") or {}
     if not isinstance(ours, dict):
         raise ConfigError("config.json: dreamzero must be an object")
-    pipeline = _overlay(base.pipeline, ours.get("pipeline"), "dreamzero.pipeline")
+    saved = ours.get("pipeline")
+    for key in saved if isinstance(saved, dict) else ():
+        if key not in PipelineConfig.model_fields:  # e.g. a knob of another version: keep loading, but say so
+            log.warning("config.json: ignoring %s", unknown_knob_message(key, "dreamzero.pipeline"))
+    pipeline = _overlay(base.pipeline, saved, "dreamzero.pipeline")
     if "num_frames" in head:
-        pipeline = dataclasses.replace(pipeline, num_frames=_coerce(head["num_frames"], int, f"{_HEAD}.num_frames"))
-    horizon = _coerce(data.get("action_horizon", dit.num_action_per_block), int, "action_horizon")
+        num_frames = _validated(int, head["num_frames"], f"{_HEAD}.num_frames")
+        pipeline = _validated(PipelineConfig, {**pipeline.model_dump(), "num_frames": num_frames}, f"{_HEAD}")
+    horizon = _validated(int, data.get("action_horizon", dit.num_action_per_block), "action_horizon")
     return DreamZeroConfig(
-        name=_coerce(ours.get("name", "checkpoint"), str, "dreamzero.name"),
+        name=_validated(str, ours.get("name", "checkpoint"), "dreamzero.name"),
         dit=dit,
         text_encoder=text,
         image_encoder=image,
         vae=vae,
         pipeline=pipeline,
         action_horizon=horizon,
-        embodiment_tag=_coerce(ours.get("embodiment_tag", base.embodiment_tag), str, "dreamzero.embodiment_tag"),
+        embodiment_tag=_validated(str, ours.get("embodiment_tag", base.embodiment_tag), "dreamzero.embodiment_tag"),
     )
 
 
@@ -381,5 +464,5 @@ def to_checkpoint_config(cfg: DreamZeroConfig) -> dict:
                 "vae_cfg": asdict(cfg.vae),
             }
         },
-        "dreamzero": {"name": cfg.name, "embodiment_tag": cfg.embodiment_tag, "pipeline": asdict(cfg.pipeline)},
+        "dreamzero": {"name": cfg.name, "embodiment_tag": cfg.embodiment_tag, "pipeline": cfg.pipeline.model_dump()},
     }

@@ -32,12 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from dreamzero import rtc
-from dreamzero.config import (  # noqa: F401 (apply_overrides, validate_pipeline_config: re-exported)
-    DiTConfig,
-    PipelineConfig,
-    apply_overrides,
-    validate_pipeline_config,
-)
+from dreamzero.config import DiTConfig, PipelineConfig, apply_overrides
 from dreamzero.embodiments.transforms import NEGATIVE_PROMPT as DEFAULT_NEGATIVE_PROMPT
 from dreamzero.errors import ConfigError, InvalidObservation
 from dreamzero.model.dit import CausalWanDiT, CrossContext
@@ -95,8 +90,16 @@ class StepPlan:
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+def cfg_row_layout(num_sessions: int, guided: bool) -> list[tuple[int, str]]:
+    """(session index, CFG branch) of each forward row for `num_sessions` sessions: session-major (s0 cond, s0 uncond,
+    s1 cond, ...) when guidance runs, one cond row per session otherwise. `branch_rows`, the contexts and the caches
+    all follow this layout."""
+    branches = BRANCHES if guided else BRANCHES[:1]
+    return [(s, b) for s in range(num_sessions) for b in branches]
+
+
 def branch_rows(x: torch.Tensor | None, guided: bool) -> torch.Tensor | None:
-    """[G, ...] -> [2G, ...] session-major (s0 cond, s0 uncond, s1 cond, ...) when guidance runs, else unchanged."""
+    """[G, ...] -> [2G, ...] in `cfg_row_layout` order when guidance runs, else unchanged."""
     if x is None or not guided:
         return x
     return x.repeat_interleave(2, dim=0)
@@ -263,7 +266,42 @@ def split_caches(caches: BatchCache, states: list[SessionState], branches: tuple
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 3. Per-row bookkeeping
+# 3. Compile levels
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _encoder_networks(model) -> dict[str, torch.nn.Module]:
+    """The networks of the encoders the loop calls (stand-in encoders without them are skipped)."""
+    found = {
+        "text_encoder.t5": getattr(getattr(model, "text_encoder", None), "t5", None),
+        "image_encoder.clip": getattr(getattr(model, "image_encoder", None), "clip", None),
+        "vae.encoder": getattr(getattr(getattr(model, "vae", None), "autoencoder", None), "encoder", None),
+    }
+    return {name: net for name, net in found.items() if isinstance(net, torch.nn.Module)}
+
+
+def compile_model(model, level: str) -> list[str]:
+    """Apply a `pipeline.compile` level to `model` in place; returns what was compiled.
+
+    "dit": each DiT block (`CausalWanDiT.compile_blocks`); "all": also the T5 and CLIP networks and the VAE encoder,
+    compiled where the loop calls them. Never CUDA graphs: the caches change shape every chunk.
+    """
+    if level == "none":
+        return []
+    if level not in ("dit", "all"):
+        raise ConfigError(f"pipeline.compile must be none, dit or all, got {level!r}")
+    model.model.compile_blocks()
+    done = ["dit.blocks"]
+    if level == "all":
+        for name, net in _encoder_networks(model).items():
+            if getattr(net, "_compiled_call_impl", None) is None:
+                net.compile(dynamic=True)
+            done.append(name)
+    return done
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# 4. Per-row bookkeeping
 # ----------------------------------------------------------------------------------------------------------------------
 
 
@@ -297,8 +335,20 @@ class _Timer:
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# 4. The pipeline
+# 5. The pipeline
 # ----------------------------------------------------------------------------------------------------------------------
+
+
+def _canvas_hw(model_cfg) -> tuple[int, int] | None:
+    """The canvas the model's embodiment sends, if its tag is registered."""
+    from dreamzero.embodiments import get_embodiment
+
+    if model_cfg is None:
+        return None
+    try:
+        return tuple(get_embodiment(model_cfg.embodiment_tag).canvas_hw)
+    except ConfigError:  # a tag this process does not know: the caller says the warm-up was skipped
+        return None
 
 
 class DreamZeroPipeline:
@@ -310,7 +360,8 @@ class DreamZeroPipeline:
         self.dit_cfg: DiTConfig = self.dit.cfg
         model_cfg = getattr(model, "config", None)
         self.config = config or (model_cfg.pipeline if model_cfg is not None else PipelineConfig())
-        validate_pipeline_config(self.config)
+        if not isinstance(self.config, PipelineConfig):  # validated on construction: only its type needs a check
+            raise ConfigError(f"config must be a PipelineConfig, got {type(self.config).__name__}")
         self.store = store if store is not None else SessionStore()
         self.action_horizon = int(getattr(model_cfg, "action_horizon", self.dit_cfg.num_action_per_block))
         self.max_action_dim = self.dit_cfg.action_dim
@@ -326,6 +377,8 @@ class DreamZeroPipeline:
         # prompt -> T5 rows [1, text_len, text_dim], LRU: new sessions mostly reuse a few prompts (and every guided
         # row the same negative prompt), so T5 runs once per prompt rather than once per session
         self._prompt_rows: OrderedDict[str, torch.Tensor] = OrderedDict()
+        self.compiled = compile_model(model, self.config.compile)
+        self.warmup_ms: float | None = None
 
     # -- construction ------------------------------------------------------------------------------------------------
 
@@ -356,7 +409,45 @@ class DreamZeroPipeline:
         model = load_model(model_path, device=device, dtype=dtype, tokenizer_path=tokenizer_path)
         config = apply_overrides(model.config.pipeline, overrides)
         store = SessionStore(max_sessions=max_sessions, ttl_s=session_ttl_s, max_bytes=session_max_bytes)
-        return cls(model, config, store)
+        pipe = cls(model, config, store)
+        if pipe.compiled:
+            pipe.warm_up()
+        return pipe
+
+    def warm_up(self, image_hw: tuple[int, int] | None = None) -> float | None:
+        """Run the loop once so that compiled graphs are built before the first request; returns the time it took
+        (ms), or None when no input size is known (pass `image_hw`).
+
+        Two scratch sessions (two, so no batch size of 1 is baked into a graph) are started and continued once: a
+        new session's chunk (text, CLIP, VAE, prefill at frame 0, denoise) and a continuing chunk (conditioning
+        extension, observed-block prefill, denoise with a longer cache). Sessions at different frame positions in one
+        batch (the masked path) still compile at their first use. The session store and prompt cache are left as
+        they were.
+        """
+        hw = image_hw or self.config.model_input_hw or _canvas_hw(getattr(self.model, "config", None))
+        if hw is None:
+            log.warning("warm-up skipped: no input size known (set pipeline.model_input_hw or pass image_hw)")
+            return None
+        t0 = time.perf_counter()
+        store, prompts = self.store, OrderedDict(self._prompt_rows)
+        self.store = SessionStore(max_sessions=4)
+        try:
+            ids = ["warm-up-0", "warm-up-1"]
+            for frames in (1, 2 * self.dit_cfg.num_frame_per_block):
+                self.generate(
+                    ModelBatch(
+                        images=np.zeros((2, frames, *hw, 3), dtype=np.uint8),
+                        state=np.zeros((2, 1, self.dit_cfg.max_state_dim), dtype=np.float32),
+                        state_mask=np.zeros((2, 1, self.dit_cfg.max_state_dim), dtype=bool),
+                        prompts=["warm up", "warm up"],
+                        session_ids=ids,
+                    )
+                )
+        finally:
+            self.store, self._prompt_rows = store, prompts
+        self.warmup_ms = (time.perf_counter() - t0) * 1000.0
+        log.info("warm-up of %s took %.0f ms", ", ".join(self.compiled) or "the eager loop", self.warmup_ms)
+        return self.warmup_ms
 
     # -- session control -----------------------------------------------------------------------------------------------
 
@@ -607,10 +698,11 @@ class DreamZeroPipeline:
 
     def _context_emb(self, states: list[SessionState], clip: list[torch.Tensor | None]) -> CrossContext:
         """Cross-attention context for the rows of one forward, session-major: [R, (257 +) 512, D]."""
-        text = torch.cat([s.text_cache[b] for s in states for b in self._branches])
+        layout = cfg_row_layout(len(states), self._guided)
+        text = torch.cat([states[s].text_cache[b] for s, b in layout])
         img = None
         if self.dit_cfg.has_image_input:
-            img = torch.cat([c for c in clip for _ in self._branches])
+            img = torch.cat([clip[s] for s, _ in layout])
         return self.dit.embed_context(text, img)
 
     def _start_sessions(self, rows: list[_Row], anchors: torch.Tensor, timer: _Timer) -> None:

@@ -6,15 +6,13 @@ field and says how to fix it. Every field carries a description: `docs/serving.m
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import os
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from dreamzero.config import PipelineConfig, apply_overrides
+from dreamzero.config import PipelineConfig
 from dreamzero.errors import ConfigError
 
 MIB = 1024 * 1024
@@ -161,7 +159,8 @@ class AppArgs(_Strict):
     )
     pipeline: dict[str, Any] = Field(
         default_factory=dict,
-        description="Overrides of the inference loop (dreamzero.config.PipelineConfig), e.g. num_inference_steps.",
+        description="Overrides of the inference loop (dreamzero.config.PipelineConfig, docs/model.md 6.2), e.g. "
+        "num_inference_steps or compile; names and values are checked here, before any replica starts.",
     )
     return_latents: bool = Field(False, description="Ask the policy for predicted video latents (debugging).")
     api_key: str | None = Field(
@@ -203,16 +202,10 @@ class AppArgs(_Strict):
     @field_validator("pipeline")
     @classmethod
     def _known_pipeline_knobs(cls, v: dict[str, Any]) -> dict[str, Any]:
-        known = [f.name for f in dataclasses.fields(PipelineConfig)]
-        for key in v:
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"unknown pipeline knob {key!r}; known: {known}.{hint}")
-        try:  # values too, at start rather than in the replica: e.g. a step mask of the wrong length
-            apply_overrides(PipelineConfig(), v)
-        except (ConfigError, TypeError, ValueError) as exc:
-            raise ValueError(str(exc)) from exc
+        try:  # names and values, at start rather than in the replica (one check: dreamzero.config)
+            PipelineConfig().with_overrides(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
         return v
 
     @model_validator(mode="after")

@@ -1,4 +1,5 @@
-"""Test-wide settings: Ray hygiene, headless rendering, and skips for what this machine lacks (each with its reason)."""
+"""Test-wide settings: Ray hygiene, headless rendering, skips for what this machine lacks (each with its reason), and
+the shared data fixtures under tests/fixtures."""
 
 from __future__ import annotations
 
@@ -39,3 +40,16 @@ def pytest_collection_modifyitems(config, items):
         for marker, reason in reasons.items():
             if reason and marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+PARITY_DIR = Path(__file__).resolve().parent / "fixtures" / "dit-parity"
+PARITY_FILES = ("config.json", "calls.json", "vectors.npz", "weights.safetensors")
+
+
+@pytest.fixture(scope="session")
+def parity_fixture() -> Path:
+    """The DiT parity fixture directory (tests/fixtures/dit-parity, README there); a missing file fails, never skips."""
+    missing = [name for name in PARITY_FILES if not (PARITY_DIR / name).is_file()]
+    if missing:
+        pytest.fail(f"DiT parity fixture incomplete: {missing} missing from {PARITY_DIR} (restore them from git)")
+    return PARITY_DIR

@@ -177,7 +177,7 @@ def save_diffusers(model, path: str | os.PathLike, shard_size: int = 5 * 2**30, 
     index = {"_class_name": "DreamZeroPipeline", "_diffusers_version": diffusers.__version__}
     index.update({c: list(lib_cls) for c, lib_cls in COMPONENTS.items()})
     index["dreamzero"] = {"name": cfg.name, "embodiment_tag": cfg.embodiment_tag}
-    index["dreamzero"]["pipeline"] = dataclasses.asdict(cfg.pipeline)
+    index["dreamzero"]["pipeline"] = cfg.pipeline.model_dump(mode="json")
     (path / MODEL_INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     save_tokenizer_of(model, path, save_tokenizer)
     return path

@@ -449,6 +449,17 @@ class CausalWanDiT(nn.Module):
         """Video tokens the KV cache may hold."""
         return self.cfg.max_attention_frames * self.cfg.frame_seqlen
 
+    def compile_blocks(self) -> None:
+        """torch.compile each block in place (idempotent). Every block runs the same code, and torch inlines the
+        modules' parameters as graph inputs, so one set of graphs serves all layers. `dynamic=True` makes the batch
+        rows, the cached tokens (growing chunk by chunk up to the window) and the token count symbolic from the first
+        call: the KV cache growing and rows at their own frame positions then reuse graphs instead of recompiling
+        per length; what still makes a new graph is a change of structure (no cache / cache, key mask or not, one or
+        per-row RoPE tables, registers or not), a handful in all."""
+        for block in self.blocks:
+            if getattr(block, "_compiled_call_impl", None) is None:
+                block.compile(dynamic=True)
+
     def cross_kv(self, context_emb: CrossContext | torch.Tensor) -> list[ProjectedContext]:
         """Per layer the cross-attention K/V of a context [B, Lc, D]: computed once, reused by every denoise step."""
         return [block.cross_attn.project_context(context_emb) for block in self.blocks]
@@ -574,7 +585,8 @@ class CausalWanDiT(nn.Module):
             raise ValueError(f"DiT input has {x.shape[1]} channels, dit.in_dim is {cfg.in_dim}")
         tokens = self.patch_embedding(x.to(dtype))
         b, _, f, gh, gw = tokens.shape
-        tokens = tokens.flatten(2).transpose(1, 2)  # [B, Lv, D]
+        # [B, Lv, D], contiguous: every block then sees one memory layout (a compiled block would recompile per layout)
+        tokens = tokens.flatten(2).transpose(1, 2).contiguous()
         video_len = tokens.shape[1]
 
         # 2. per-token timesteps: video tokens carry their frame's t; registers carry the action t

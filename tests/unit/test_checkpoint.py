@@ -18,8 +18,6 @@ from dreamzero.model.dreamzero import DreamZeroModel
 from dreamzero.model.tokenizer import build_local_tokenizer
 from tests.unit.checkpoint_fixtures import tiny_5b_config
 
-PARITY = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "dit-parity"
-
 
 @pytest.fixture(scope="module")
 def tiny():
@@ -241,18 +239,17 @@ def test_release_style_config_maps_onto_presets():
         from_checkpoint_config({"model_type": "vla"})
 
 
-@pytest.mark.skipif(not (PARITY / "weights.safetensors").is_file(), reason="DiT parity fixture not present")
-def test_load_dit_reads_the_parity_fixture():
-    config = json.loads((PARITY / "config.json").read_text())
-    dit = load_dit(PARITY / "weights.safetensors", config, device="cpu", dtype=torch.float32)
+def test_load_dit_reads_the_parity_fixture(parity_fixture):
+    config = json.loads((parity_fixture / "config.json").read_text())
+    dit = load_dit(parity_fixture / "weights.safetensors", config, device="cpu", dtype=torch.float32)
     assert dit.cfg.dim == 64 and dit.cfg.text_dim == 32
-    ref = load_file(PARITY / "weights.safetensors")
+    ref = load_file(parity_fixture / "weights.safetensors")
     assert len(ref) == len(dit.state_dict()) == 101
     for key, value in ref.items():
         assert torch.equal(dit.state_dict()[key.removeprefix("action_head.model.")], value)
     config["num_layers"] = 3
     with pytest.raises(CheckpointError, match=r"missing tensor\(s\): action_head\.model\.blocks\.2\."):
-        load_dit(PARITY / "weights.safetensors", config, device="cpu", dtype=torch.float32)
+        load_dit(parity_fixture / "weights.safetensors", config, device="cpu", dtype=torch.float32)
 
 
 def test_device_selection_and_overrides(monkeypatch):

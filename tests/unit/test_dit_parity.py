@@ -1,13 +1,12 @@
 """Parity of our DiT and inference loop with golden vectors recorded from the upstream DreamZero DiT.
 
-Fixture: shared/fixtures/dit-parity (README there says exactly how upstream was driven). Tolerance 1e-4; upstream's
-own float64 round-off is ~2e-6.
+Fixture: tests/fixtures/dit-parity (its README says what the files hold and how they were recorded). Tolerance 1e-4;
+upstream's own float64 round-off is ~5e-6.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,24 +15,14 @@ import torch
 
 from dreamzero.config import PipelineConfig
 from dreamzero.model.dit import CausalWanDiT
-from dreamzero.pipeline import denoise_block, prefill_block
+from dreamzero.pipeline import branch_rows, cfg_row_layout, denoise_block, prefill_block
 
 TOL = 1e-4
 
 
-def _fixture_dir() -> Path:
-    env = os.environ.get("DREAMZERO_PARITY_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "dit-parity"
-    if not (path / "vectors.npz").exists():
-        if os.environ.get("CI"):  # CI always has shared/ beside the clone: a missing fixture is a failure there
-            pytest.fail(f"DiT parity fixture not found at {path} (set DREAMZERO_PARITY_DIR)")
-        pytest.skip(f"DiT parity fixture not found at {path} (set DREAMZERO_PARITY_DIR)")
-    return path
-
-
 @pytest.fixture(scope="module")
-def fixture():
-    d = _fixture_dir()
+def fixture(parity_fixture):
+    d = parity_fixture
     vectors = np.load(d / "vectors.npz")
     return {
         "dir": d,
@@ -124,39 +113,58 @@ def test_debug_intermediates_match(fixture, dit):
     assert _max_diff(dit.state_encoder(v["chunk2_state"]), v["debug_f20_state_encoder"]) <= TOL
 
 
+def _sessions(x: torch.Tensor, n: int) -> torch.Tensor:
+    """The fixture's one session [1, ...] duplicated into n session rows [n, ...] (same inputs in every row)."""
+    return x.expand(n, *x.shape[1:]).contiguous()
+
+
 @torch.no_grad()
-def test_free_running_two_chunks_through_the_loop(fixture, dit):
-    """Our scheduler + static step mask + CFG (cond and uncond batched in one forward) reproduce both chunks."""
+@pytest.mark.parametrize("sessions", [1, 2])
+def test_free_running_two_chunks_through_the_loop(fixture, dit, sessions):
+    """Our scheduler + static step mask + CFG (cond and uncond rows of every session in one forward) reproduce both
+    chunks; with two sessions (the fixture's session in two rows) each row must match on its own."""
     v, session = fixture["v"], fixture["calls"]["session"]
     cfg = PipelineConfig()
     assert cfg.cfg_scale == session["cfg_scale"] and cfg.num_inference_steps == session["num_inference_steps"]
     assert cfg.sigma_shift == session["sigma_shift"] and list(cfg.dit_step_mask) == session["dit_step_mask"]
+    guided = cfg.cfg_scale != 1.0
 
-    two = lambda x: torch.cat([x, x])  # noqa: E731  (cond rows, then uncond rows)
-    ys = v["ys"]
-    ctx = dit.embed_context(torch.cat([v["context_cond"], v["context_uncond"]]), two(v["clip_feature"]))
-    caches = prefill_block(
-        dit, two(v["first_frame_latent"]), context_emb=ctx, kv_cache=None, start_frame=0, y=two(ys[:, :, 0:1])
+    # the forward rows as the pipeline lays them out: which session and CFG branch each row holds
+    layout = cfg_row_layout(sessions, guided)
+    assert sorted(layout) == sorted((s, b) for s in range(sessions) for b in ("cond", "uncond"))
+    text = {"cond": v["context_cond"], "uncond": v["context_uncond"]}
+    ctx = dit.embed_context(
+        torch.cat([text[branch] for _, branch in layout]), torch.cat([v["clip_feature"] for _ in layout])
     )
-    assert caches.layers[0].shape == (2, 2, 8, 2, 32) and caches.lengths is None
+    rows = lambda x: branch_rows(_sessions(x, sessions), guided)  # noqa: E731  per-session input -> forward rows
+    ys = _sessions(v["ys"], sessions)
+    caches = prefill_block(
+        dit, rows(v["first_frame_latent"]), context_emb=ctx, kv_cache=None, start_frame=0, y=rows(v["ys"][:, :, 0:1])
+    )
+    heads, head_dim = dit.cfg.num_heads, dit.cfg.head_dim
+    frame_tokens = dit.cfg.frame_seqlen
+    assert caches.layers[0].shape == (2, len(layout), frame_tokens, heads, head_dim) and caches.lengths is None
     for chunk, csf in ((1, 1), (2, 3)):
         if chunk == 2:
             caches = prefill_block(
-                dit, two(v["chunk2_observed_latents"]), context_emb=ctx, kv_cache=caches, start_frame=1,
-                y=two(ys[:, :, 1:3]),
+                dit, rows(v["chunk2_observed_latents"]), context_emb=ctx, kv_cache=caches, start_frame=1,
+                y=rows(v["ys"][:, :, 1:3]),
             )  # fmt: skip
-            assert caches.layers[0].shape[2] == 24
+            assert caches.layers[0].shape[:3] == (2, len(layout), 3 * frame_tokens)
         res = denoise_block(
             dit,
             cfg,
-            video_noise=v[f"chunk{chunk}_noise_obs"],
-            action_noise=v[f"chunk{chunk}_noise_action"],
-            state=v[f"chunk{chunk}_state"],
+            video_noise=_sessions(v[f"chunk{chunk}_noise_obs"], sessions),
+            action_noise=_sessions(v[f"chunk{chunk}_noise_action"], sessions),
+            state=_sessions(v[f"chunk{chunk}_state"], sessions),
             context_emb=ctx,
             kv_cache=caches,
             start_frame=csf,
             y=ys[:, :, csf : csf + 2],
         )
         assert res.dit_steps == 8
-        assert _max_diff(res.action, v[f"chunk{chunk}_action_pred"]) <= TOL, f"chunk {chunk} actions"
-        assert _max_diff(res.video, v[f"chunk{chunk}_video_latents_pred"]) <= TOL, f"chunk {chunk} video"
+        assert res.action.shape[0] == res.video.shape[0] == sessions
+        for row in range(sessions):
+            where = f"chunk {chunk}, session row {row} of {sessions}"
+            assert _max_diff(res.action[row : row + 1], v[f"chunk{chunk}_action_pred"]) <= TOL, f"{where}: actions"
+            assert _max_diff(res.video[row : row + 1], v[f"chunk{chunk}_video_latents_pred"]) <= TOL, f"{where}: video"

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -56,17 +53,10 @@ def test_steps_must_run_in_order():
     sched.step(x, 0, x)
 
 
-def _fixture() -> Path | None:
-    env = os.environ.get("DREAMZERO_PARITY_DIR")
-    path = Path(env) if env else Path(__file__).resolve().parents[2].parent / "shared" / "fixtures" / "dit-parity"
-    return path if (path / "vectors.npz").exists() else None
-
-
-@pytest.mark.skipif(_fixture() is None, reason="DiT parity fixture not found (set DREAMZERO_PARITY_DIR)")
 @pytest.mark.parametrize("chunk", [1, 2])
-def test_matches_upstream_trajectory(chunk):
+def test_matches_upstream_trajectory(chunk, parity_fixture):
     """Fed upstream's guided velocities, our solver retraces upstream's samples (video and action)."""
-    v = np.load(_fixture() / "vectors.npz")
+    v = np.load(parity_fixture / "vectors.npz")
     assert np.array_equal(FlowUniPCScheduler(16, 5.0).sigmas, v["scheduler_sigmas"])
     samples = torch.from_numpy(v[f"chunk{chunk}_video_samples"])  # [17, 1, 16, 2, 4, 8]
     velocity = torch.from_numpy(v[f"chunk{chunk}_cfg_video_velocity"])  # [16, 1, 16, 2, 4, 8]
