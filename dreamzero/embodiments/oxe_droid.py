@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dreamzero_client.droid import OPENPI_CARTESIAN_KEY, OPENPI_DROID_KEY_MAP
-
 from dreamzero.embodiments.base import Embodiment
 from dreamzero.embodiments.transforms import AddCurrentState, BinariseGripper, PromptTemplate, stitch_droid
+from dreamzero_client.droid import OPENPI_CARTESIAN_KEY, OPENPI_DROID_KEY_MAP
 
 EXTERIOR_1 = "video.exterior_image_1_left"
 EXTERIOR_2 = "video.exterior_image_2_left"

@@ -1,4 +1,4 @@
-"""The DROID client runtime: observation builder, frame history, chunk check, gripper rule, session continuity, links."""
+"""The DROID client runtime: observation builder, frame history, chunk check, gripper rule, continuity, links."""
 
 import sys
 from types import SimpleNamespace
