@@ -44,6 +44,11 @@ class OpenPILink:
             self.url, api_key=self.api_key, timeout_s=self.timeout_s, max_reconnects=self.max_reconnects
         )
 
+    def open(self) -> dict:
+        """Connect now (otherwise the first query does) and return the server's handshake config."""
+        self._connected()
+        return dict(self.server_metadata or {})
+
     def _connected(self):
         if self._client is None:
             try:
@@ -137,11 +142,13 @@ class HttpLink:
         self.client.close()
 
 
-def connect(url: str, api_key: str | None = None, timeout_s: float = 30.0, max_reconnects: int = 1):
-    """The link for `url`: ws:// or wss:// -> OpenPILink; http:// or https:// -> HttpLink."""
+def connect(
+    url: str, api_key: str | None = None, timeout_s: float = 30.0, max_reconnects: int = 1, field: str = "server"
+):
+    """The link for `url`: ws:// / wss:// -> OpenPILink; http:// / https:// -> HttpLink (`field` names it in errors)"""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     if scheme in ("ws", "wss"):
         return OpenPILink(url, api_key=api_key, timeout_s=timeout_s, max_reconnects=max_reconnects)
     if scheme in ("http", "https"):
         return HttpLink(url, api_key=api_key, timeout_s=timeout_s, max_retries=max_reconnects)
-    raise ConfigError(f"server: expected a ws://, wss://, http:// or https:// URL, got {url!r}")
+    raise ConfigError(f"{field}: expected a ws://, wss://, http:// or https:// URL, got {url!r}")

@@ -113,6 +113,10 @@ def test_gripper_rule():
         (np.zeros((4, 8)), "at least 8 rows"),
         (np.array([["a"] * 8] * 8), "real numeric array"),
         ("nope", "real numeric array, got str"),
+        (None, "real numeric array, got NoneType"),
+        (np.zeros((24, 8), dtype=complex), "got dtype complex128"),
+        (np.zeros((24, 8), dtype=object), "got dtype object"),
+        (np.zeros((24, 8, 1)), r"shape \(H, 8\)"),
     ],
 )
 def test_validate_chunk_rejects_bad_chunks(chunk, message):
