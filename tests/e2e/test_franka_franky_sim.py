@@ -205,9 +205,9 @@ def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
             # our forward kinematics agree with the controller's end-effector pose
             pose = robot._robot.current_pose.end_effector_pose.translation
             np.testing.assert_allclose(tcp_position(after.joint_positions), np.asarray(pose), atol=2e-3)
-        client.close()
+        link.close()
     summary = json.loads((tmp_path / "episode_0000" / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["reason"].startswith("server lost")
+    assert summary["status"] == "failed" and summary["reason"].startswith("server_unreachable")
 
 
 # --- against the live DreamZero server (`serve run serve_config.yaml`, embedded tiny model on CPU) -----------------
