@@ -1,7 +1,7 @@
 """The 15 Hz deployment loop: episodes of observe -> (query) -> safety filter -> command, with operator controls.
 
 Per episode:
-1. a fresh session id and a server-side reset; the arm moves home and the gripper opens;
+1. a fresh session id (the previous episode's session is released on the server); the arm moves home, the gripper opens;
 2. every tick (1 / control_hz): read the operator's commands, observe arm + gripper + cameras and hand the
    observation to the policy (its frame history needs every tick), query the server when the executed part of the
    current chunk (open-loop horizon, 8 rows by default) is used up, pass the next row through the safety filter, send
