@@ -143,15 +143,17 @@ def make_env_factory(args: CliArgs):
     return isaac_factory
 
 
-def make_link(args: CliArgs):
-    from eval.policy_links import EmbeddedLink, HttpLink, OpenPILink
+def make_policy(args: CliArgs):
+    from dreamzero_client.openpi_client import build_uri
+    from eval.policy_links import make_policy
 
     if args.policy == "openpi":
-        return OpenPILink(args.host, port=args.port, path=args.path, api_key=args.api_key, timeout_s=args.timeout_s)
+        url = build_uri(args.host, args.port, args.path)
+        return make_policy("openpi", url=url, api_key=args.api_key, timeout_s=args.timeout_s)
     if args.policy == "http":
         url = args.url or f"http://{args.host}:{args.port}"
-        return HttpLink(url, api_key=args.api_key, timeout_s=args.timeout_s)
-    return EmbeddedLink(model_path=args.model_path)
+        return make_policy("http", base_url=url, api_key=args.api_key, timeout_s=args.timeout_s)
+    return make_policy("embedded", model_path=args.model_path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         args = parse_args(argv)
-        link = make_link(args)
+        policy = make_policy(args)
     except (ConfigError, MissingDependency) as exc:
         print(f"dreamzero-eval: {exc}", file=sys.stderr)
         return 2
@@ -174,12 +176,12 @@ def main(argv: list[str] | None = None) -> int:
         extra={"simulator": args.sim, "policy": args.policy, "render": args.render},
     )
     try:
-        summary = run_evaluation(make_env_factory(args), link, config, show_progress=not args.no_progress)
+        summary = run_evaluation(make_env_factory(args), policy, config, show_progress=not args.no_progress)
     except (ConfigError, MissingDependency) as exc:
         print(f"dreamzero-eval: {exc}", file=sys.stderr)
         return 2
     finally:
-        link.close()
+        policy.close()
     from eval.summary import summary_markdown
 
     print(summary_markdown(summary))

@@ -24,12 +24,13 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from dreamzero.errors import InvalidObservation
+from dreamzero_client import droid
 
-IMAGE_KEYS = ("exterior_image_0_left", "exterior_image_1_left", "wrist_image_left")
+IMAGE_KEYS = droid.CAMERAS
 STATE_KEYS = ("joint_position", "gripper_position")
 OBS_KEYS = IMAGE_KEYS + STATE_KEYS
-ACTION_DIM = 8
-NUM_JOINTS = 7
+ACTION_DIM = droid.ACTION_DIM
+NUM_JOINTS = droid.NUM_JOINTS
 
 
 @runtime_checkable

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from dreamzero_client.image_tools import resize_with_pad
 from eval.env_contract import IMAGE_KEYS
-from eval.images import side_by_side
 
 
 def configure_ffmpeg() -> None:
@@ -64,7 +64,8 @@ class EpisodeRecorder:
     def add_frame(self, observation: dict) -> None:
         if self._writer is None:
             return
-        frame = side_by_side([observation[k] for k in IMAGE_KEYS], *self.frame_size)
+        # the views as the policy sees them (resize_with_pad), left to right
+        frame = np.concatenate([resize_with_pad(observation[k], *self.frame_size) for k in IMAGE_KEYS], axis=1)
         self._writer.add_image(frame)
         self.frames_written += 1
 

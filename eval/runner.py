@@ -1,17 +1,16 @@
 """The DROID evaluation loop: N episodes per scene against any `DroidEnv` through any `PolicyLink`.
 
-Per episode: a fresh session id; reset the env; every `open_loop_horizon` steps (or when the chunk runs out) query the
-policy with the current observation resized to 180x320; execute the chunk's rows open loop with the gripper binarised
-at 0.5; stop at termination, truncation or the step limit; judge success on the final object positions; reset the
-session on the server. A policy failure ends the episode, is recorded with its reason, and the run goes on.
+Per episode: reset the env; every step hand the observation to the client runtime's `DroidPolicy` (which resizes
+it to 180x320 and keeps the frame history); every `open_loop_horizon` steps (or when the chunk runs out) query it;
+execute the chunk's rows open loop with DROID's gripper rule; stop at termination, truncation or the step limit;
+judge success on the final object positions; reset the policy (the server forgets the session, the next episode gets
+a new id). A policy failure ends the episode, is recorded with its reason, and the run goes on.
 """
 
 from __future__ import annotations
 
 import json
 import time
-import uuid
-from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,13 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from dreamzero.errors import ConfigError
-from eval.env_contract import IMAGE_KEYS, DroidEnv, check_droid_observation
-from eval.images import DROID_IMAGE_SIZE, resize_with_pad
-from eval.policy_links import HISTORY_LEN, PolicyLink, PolicyLinkError
+from dreamzero_client import droid
+from dreamzero_client.policy import DroidPolicy, PolicyCallError
+from eval.env_contract import DroidEnv, check_droid_observation
 from eval.recording import EpisodeRecorder, to_jsonable
 from eval.summary import summarize, summary_markdown
-
-GRIPPER_THRESHOLD = 0.5
 
 
 @dataclass
@@ -37,7 +34,7 @@ class EvalConfig:
     max_steps: int | None = None  # None: the env's own limit (450 = 30 s on DROID)
     seed: int = 0
     record_video: bool = True
-    image_size: tuple[int, int] = DROID_IMAGE_SIZE
+    image_size: tuple[int, int] = droid.IMAGE_HW  # of the recorded video frames
     extra: dict = field(default_factory=dict)  # free-form facts recorded in run.json (simulator, link, ...)
 
     def validate(self) -> None:
@@ -51,25 +48,11 @@ class EvalConfig:
             raise ConfigError(f"max_steps: expected >= 1 or None, got {self.max_steps}")
 
 
-def binarize_gripper(action: np.ndarray, threshold: float = GRIPPER_THRESHOLD) -> np.ndarray:
-    out = np.array(action, dtype=np.float64, copy=True)
-    out[7] = 1.0 if out[7] > threshold else 0.0
-    return out
-
-
-def _policy_view(obs: dict, size: tuple[int, int]) -> dict:
-    """What the policy sees: the three views resized with padding, the state as float arrays."""
-    view = {k: resize_with_pad(obs[k], *size) for k in IMAGE_KEYS}
-    view["joint_position"] = np.asarray(obs["joint_position"], dtype=np.float64)
-    view["gripper_position"] = np.asarray(obs["gripper_position"], dtype=np.float64)
-    return view
-
-
-def run_episode(env: DroidEnv, link: PolicyLink, config: EvalConfig, episode: int, progress=None) -> dict:
+def run_episode(env: DroidEnv, policy: DroidPolicy, config: EvalConfig, episode: int, progress=None) -> dict:
     """One episode; returns its record (also written to `<out_dir>/episodes/<name>.json`)."""
     scene = env.scene_id
     name = f"scene{scene}_ep{episode:03d}"
-    session_id = f"droid-eval-{uuid.uuid4().hex}"
+    session_id = policy.session_id
     seed = config.seed + 1000 * scene + episode
     max_steps = min(config.max_steps or env.max_episode_steps, env.max_episode_steps)
     recorder = EpisodeRecorder(
@@ -80,35 +63,36 @@ def run_episode(env: DroidEnv, link: PolicyLink, config: EvalConfig, episode: in
     failure = None
     reset_error = None
     sessions: list[dict] = []
+    restarts: list[dict] = []
     steps = 0
     terminated = truncated = False
     try:
         obs, _ = env.reset(seed=seed)
         check_droid_observation(obs)
-        view = _policy_view(obs, config.image_size)
-        recorder.add_frame(view)
-        history: deque[dict] = deque(maxlen=HISTORY_LEN)
+        recorder.add_frame(obs)
         chunk: np.ndarray | None = None
         row = 0
         while steps < max_steps:
-            history.append(view)
             queried, latency_ms = False, None
             if chunk is None or row >= min(config.open_loop_horizon, len(chunk)):
                 try:
-                    reply = link.infer(list(history), env.instruction, session_id)
-                except PolicyLinkError as exc:
+                    reply = policy.infer({**obs, "prompt": env.instruction})
+                except PolicyCallError as exc:
                     failure = {"reason": exc.reason, "message": exc.detail, "step": steps}
                     break
-                chunk, row, queried = reply.actions, 0, True
-                latency_ms = reply.latency_s * 1000.0
+                chunk, row, queried, latency_ms = reply.actions, 0, True, reply.latency_ms
                 latencies_ms.append(latency_ms)
                 if reply.session:
                     sessions.append(reply.session)
-            action = binarize_gripper(chunk[row])
+                if reply.restarted:
+                    restarts.append({"step": steps, "reason": reply.restarted})
+            else:
+                policy.observe(obs)
+            action = chunk[row].copy()
+            action[7] = droid.binarize_gripper(chunk[row][7])
             obs, reward, terminated, truncated, info = env.step(action)
             check_droid_observation(obs)
-            view = _policy_view(obs, config.image_size)
-            recorder.add_frame(view)
+            recorder.add_frame(obs)
             recorder.add_step(
                 {
                     "step": steps,
@@ -117,8 +101,8 @@ def run_episode(env: DroidEnv, link: PolicyLink, config: EvalConfig, episode: in
                     "chunk_row": row,
                     "action": action,
                     "raw_gripper": float(chunk[row][7]),
-                    "joint_position": view["joint_position"],
-                    "gripper_position": view["gripper_position"],
+                    "joint_position": np.asarray(obs["joint_position"], dtype=np.float64),
+                    "gripper_position": np.asarray(obs["gripper_position"], dtype=np.float64),
                     "reward": float(reward),
                     "terminated": bool(terminated),
                     "truncated": bool(truncated),
@@ -134,8 +118,8 @@ def run_episode(env: DroidEnv, link: PolicyLink, config: EvalConfig, episode: in
     finally:
         recorder.close()
         try:
-            link.reset(session_id)
-        except PolicyLinkError as exc:  # the episode's result stands; the failed reset is noted
+            policy.reset()
+        except PolicyCallError as exc:  # the episode's result stands; the failed reset is noted
             reset_error = str(exc)
     success = failure is None and env.is_success()
     if progress is not None:
@@ -158,6 +142,7 @@ def run_episode(env: DroidEnv, link: PolicyLink, config: EvalConfig, episode: in
         "reset_error": reset_error,
         "final_object_poses": env.object_poses(),
         "server_sessions": sessions,
+        "session_restarts": restarts,  # the server lost the session's state mid-episode
         "video": str(recorder.video_path.relative_to(config.out_dir)) if recorder.video_path else None,
         "wall_s": time.perf_counter() - started,
     }
@@ -166,7 +151,7 @@ def run_episode(env: DroidEnv, link: PolicyLink, config: EvalConfig, episode: in
 
 
 def run_evaluation(
-    env_factory: Callable[[int], DroidEnv], link: PolicyLink, config: EvalConfig, show_progress: bool = False
+    env_factory: Callable[[int], DroidEnv], policy: DroidPolicy, config: EvalConfig, show_progress: bool = False
 ) -> dict:
     """Run every scene's episodes, write `summary.json`, `summary.md` and `run.json`; return the summary.
 
@@ -185,13 +170,13 @@ def run_evaluation(
             try:
                 for ep in range(config.episodes_per_scene):
                     bar.set_postfix_str(f"scene {scene} ep {ep}")
-                    episodes.append(run_episode(env, link, config, ep, progress=bar))
+                    episodes.append(run_episode(env, policy, config, ep, progress=bar))
                     bar.set_postfix_str(f"scene {scene} ep {ep}: {'success' if episodes[-1]['success'] else 'fail'}")
             finally:
                 env.close()
     summary = summarize(episodes)
     summary["config"] = to_jsonable({k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()})
-    summary["policy_link"] = getattr(link, "name", type(link).__name__)
+    summary["policy_link"] = getattr(policy, "name", type(policy).__name__)
     summary["episode_records"] = [
         {k: ep[k] for k in ("name", "scene_id", "episode", "success", "num_steps", "video", "record", "failure")}
         for ep in episodes

@@ -18,6 +18,9 @@ if ! command -v nvidia-smi >/dev/null 2>&1 && ! .venv/bin/python -c "import torc
   .venv/bin/pip install -q "torch==2.13.0" || echo "torch==2.13.0 not available: letting pip resolve torch>=2.4"
 fi
 .venv/bin/pip install -q -e ./clients -e ".[sim,dev]"
+# openpi-client is only the reference that tests/unit/test_client_image_tools.py compares our numpy resize_with_pad
+# with, bit for bit; without its dependencies (its image_tools needs only numpy and pillow, from the sim extra)
+.venv/bin/pip install -q --no-deps "openpi-client==0.1.2"
 # Headless rendering for the MuJoCo scenes (Mesa EGL); best effort, the libraries are usually already present.
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
   if ! ldconfig -p | grep -q libEGL_mesa; then

@@ -1,4 +1,4 @@
-"""Fakes for the evaluation tests: a tiny OpenPI WebSocket server, a scripted policy link, and a fake Isaac env.
+"""Fakes for the evaluation tests: a tiny OpenPI WebSocket server, a scripted link, and a fake Isaac env.
 
 `FakeOpenPIServer` speaks the DROID OpenPI protocol (handshake, infer, reset) on 127.0.0.1 with failures that a test
 can inject: an error frame, a bad (non-finite) chunk, or the whole server stopping after N calls.
@@ -14,8 +14,8 @@ import torch
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import serve
 
+from dreamzero_client.policy import DroidPolicy, LinkReply, PolicyCallError
 from dreamzero_client.wire import openpi
-from eval.policy_links import ChunkReply, PolicyLinkError
 
 IMAGE_KEYS = ("observation/exterior_image_0_left", "observation/exterior_image_1_left", "observation/wrist_image_left")
 
@@ -45,6 +45,7 @@ class FakeOpenPIServer:
         self.infer_calls = 0
         self.resets: list[str | None] = []
         self.requests: list[dict] = []
+        self.frame_counts: list[int] = []  # camera frames per infer: 1 on a session's first query, then 4
         self._lock = threading.Lock()
         self._server = serve(self._handle, "127.0.0.1", 0, compression=None, max_size=64 * 2**20, close_timeout=1)
         self.port = self._server.socket.getsockname()[1]
@@ -65,15 +66,17 @@ class FakeOpenPIServer:
                     self.infer_calls += 1
                     n = self.infer_calls
                     self.requests.append({k: v for k, v in msg.items() if k not in IMAGE_KEYS})
-                for key in IMAGE_KEYS:  # the DROID wire size after resize_with_pad
-                    assert np.asarray(msg[key]).shape == (180, 320, 3), (key, np.asarray(msg[key]).shape)
+                self.frame_counts.append(1 if np.asarray(msg[IMAGE_KEYS[0]]).ndim == 3 else len(msg[IMAGE_KEYS[0]]))
+                for key in IMAGE_KEYS:  # the DROID wire size after resize_with_pad: one frame or a stack
+                    assert np.asarray(msg[key]).shape[-3:] == (180, 320, 3), (key, np.asarray(msg[key]).shape)
                 if n in self.error_at:
                     ws.send(openpi.pack_frame(openpi.error_frame("Internal inference error", code="internal_error")))
                     continue
                 chunk = drift_chunk(np.asarray(msg["observation/joint_position"], dtype=np.float64))
                 if n in self.bad_chunk_at:
                     chunk[3, 2] = np.nan
-                ws.send(openpi.pack_frame(openpi.infer_reply(chunk, as_dict=self.reply_as_dict)))
+                report = {"session_id": msg.get("session_id"), "step": n, "incarnation": "fake-1", "restarted": n == 1}
+                ws.send(openpi.pack_frame(openpi.infer_reply(chunk, self.reply_as_dict, {"session": report})))
                 if self.stop_after is not None and n >= self.stop_after:
                     threading.Thread(target=self.stop, daemon=True).start()
                     return
@@ -97,28 +100,34 @@ class FakeOpenPIServer:
 
 
 class ScriptedLink:
-    """In-process PolicyLink: drift chunks from the current joints; `fail_at` maps call number -> failure reason."""
+    """In-process Link: drift chunks from the current joints; `fail_at` maps call number -> failure reason."""
 
     name = "scripted"
 
     def __init__(self, fail_at: dict[int, str] | None = None, horizon: int = 24):
         self.fail_at = fail_at or {}
         self.horizon = horizon
-        self.calls: list[tuple[int, str, str]] = []  # (frames seen, instruction, session id)
+        self.calls: list[tuple[int, str, str]] = []  # (frames sent, prompt, session id)
         self.resets: list[str] = []
 
-    def infer(self, frames, instruction, session_id):
-        self.calls.append((len(frames), instruction, session_id))
+    def send(self, query):
+        self.calls.append((len(query.frames), query.prompt, query.session_id))
         n = len(self.calls)
         if n in self.fail_at:
-            raise PolicyLinkError(self.fail_at[n], f"injected at call {n}")
-        return ChunkReply(drift_chunk(frames[-1]["joint_position"], self.horizon).astype(np.float64), 0.002 * n)
+            raise PolicyCallError(self.fail_at[n], f"injected at call {n}")
+        joints = query.frames[-1].joint_position.astype(np.float64)
+        return LinkReply(drift_chunk(joints, self.horizon).astype(np.float64))
 
     def reset(self, session_id):
         self.resets.append(session_id)
 
     def close(self):
         pass
+
+
+def scripted_policy(**kwargs) -> tuple[DroidPolicy, ScriptedLink]:
+    link = ScriptedLink(**kwargs)
+    return DroidPolicy(link, session_prefix="droid-eval"), link
 
 
 class FakeIsaacEnv:

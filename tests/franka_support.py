@@ -1,4 +1,4 @@
-"""Fakes for the Franka client tests: a scripted in-process transport and a small OpenPI WebSocket server.
+"""Fakes for the Franka client tests: a scripted in-process link and a small OpenPI WebSocket server.
 
 The WebSocket server speaks the OpenPI wire format (msgpack with the `__ndarray__` marker, metadata frame on connect,
 `{"endpoint": "reset"}`) and answers DROID-shaped (24, 8) chunks near the pose it is sent. It records every reset
@@ -62,9 +62,12 @@ def chunk_near(joints: np.ndarray, call_index: int, horizon: int = 24, amplitude
     return np.concatenate([chunk, gripper], axis=1).astype(np.float32)
 
 
-# 3. in-process scripted transport --------------------------------------------------------------------------------
+# 3. in-process scripted link -------------------------------------------------------------------------------------
 class ScriptedTransport:
-    """`reply(obs, call_index)` decides each answer; `fail_from` makes every call from that index raise."""
+    """A `dreamzero_client.policy.Link`: `reply(msg, call_index)` decides each answer from the OpenPI message the
+    query would be on the wire; `fail_from` makes every call from that index raise."""
+
+    name = "scripted"
 
     def __init__(
         self,
@@ -72,27 +75,31 @@ class ScriptedTransport:
         fail_from: int | None = None,
         delay_s: float = 0.0,
     ):
-        self.reply = reply or (lambda obs, i: {"actions": chunk_near(obs["observation/joint_position"], i)})
+        self.reply = reply or (lambda msg, i: {"actions": chunk_near(msg["observation/joint_position"], i)})
         self.fail_from = fail_from
         self.delay_s = delay_s
-        self.calls: list[dict] = []
-        self.resets = 0
+        self.calls: list[dict] = []  # the OpenPI messages of the queries
+        self.resets: list[str] = []
         self.closed = False
 
-    def infer(self, obs: dict):
+    def send(self, query):
+        from dreamzero_client.links import OpenPILink
+        from dreamzero_client.policy import LinkReply
+
         index = len(self.calls)
-        self.calls.append(obs)
+        msg = OpenPILink().message(query)
+        self.calls.append(msg)
         if self.delay_s:
             time.sleep(self.delay_s)
         if self.fail_from is not None and index >= self.fail_from:
             raise ConnectionError("connection refused (server killed)")
-        return self.reply(obs, index)
+        reply = self.reply(msg, index)
+        return LinkReply(reply.get("actions") if isinstance(reply, dict) else reply)
 
-    def reset(self, session_id: str | None = None):
+    def reset(self, session_id: str) -> None:
         if self.fail_from is not None and len(self.calls) >= self.fail_from:
             raise ConnectionError("connection refused (server killed)")
-        self.resets += 1
-        return {"status": "reset successful"}
+        self.resets.append(session_id)
 
     def close(self) -> None:
         self.closed = True
@@ -143,8 +150,8 @@ class FakeOpenPIServer:
                 session_id = request.get("session_id", "default")
                 joints = np.asarray(request["observation/joint_position"], np.float32)
                 for key in ("exterior_image_0_left", "exterior_image_1_left", "wrist_image_left"):
-                    image = request[f"observation/{key}"]
-                    assert image.shape == (180, 320, 3) and image.dtype == np.uint8, (key, image.shape)
+                    image = request[f"observation/{key}"]  # one frame, or a 4-frame stack after the first query
+                    assert image.shape[-3:] == (180, 320, 3) and image.dtype == np.uint8, (key, image.shape)
                 self._record("infer", session_id)
                 if self.kill_after_infers is not None and self.infers() >= self.kill_after_infers:
                     threading.Thread(target=self.kill, daemon=True).start()  # shutdown() waits for this handler

@@ -165,8 +165,14 @@ class ActionClient:
         negative_prompts: str | Sequence[str] | None = None,
         routing_key: str | None = None,
         timeout_s: float | None = None,
+        expected_steps: Sequence[int | None] | None = None,
+        expected_incarnations: Sequence[str | None] | None = None,
     ) -> ActionResult:
-        """One action chunk for every session in `session_ids` (observation arrays carry a leading batch dim B)."""
+        """One action chunk for every session in `session_ids` (observation arrays carry a leading batch dim B).
+
+        `expected_steps` / `expected_incarnations` (per row) replace what the client tracked from earlier replies,
+        for a caller that keeps the session's continuity itself.
+        """
         ids = [session_ids] if isinstance(session_ids, str) else list(session_ids)
         b = len(ids)
         if b == 0:
@@ -181,8 +187,16 @@ class ActionClient:
             if len(mask) != b:
                 raise ValueError(f"reset has {len(mask)} entries for {b} sessions")
         mask = [m or sid in self._pending_resets for m, sid in zip(mask, ids)]
-        expected = [None if m else self._steps.get(sid) for m, sid in zip(mask, ids)]
-        incarnations = [None if m else self._incarnations.get(sid) for m, sid in zip(mask, ids)]
+        expected = list(expected_steps) if expected_steps is not None else [self._steps.get(s) for s in ids]
+        incarnations = (
+            list(expected_incarnations)
+            if expected_incarnations is not None
+            else [self._incarnations.get(s) for s in ids]
+        )
+        if len(expected) != b or len(incarnations) != b:
+            raise ValueError(f"expected_steps / expected_incarnations need {b} entries, one per session")
+        expected = [None if m else s for m, s in zip(mask, expected)]
+        incarnations = [None if m else s for m, s in zip(mask, incarnations)]
         negatives = [negative_prompts] * b if isinstance(negative_prompts, str) else negative_prompts
         body = generations.build_request_body(
             observation,

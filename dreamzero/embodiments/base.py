@@ -33,11 +33,10 @@ from dreamzero.embodiments.transforms import (
 from dreamzero.errors import ConfigError, InvalidObservation, InvalidRequest
 from dreamzero.metadata import EmbodimentMetadata, load_embodiment_metadata
 from dreamzero.types import ModelBatch
+from dreamzero_client.wire.openpi import OPENPI_CONTROL_KEYS  # the one list of the wire
 
 #: RLinf-style rollout dict keys (env outputs); mapped onto the embodiment's own keys
 ROLLOUT_KEYS = ("main_images", "wrist_images", "extra_view_images", "states", "task_descriptions")
-#: control fields an OpenPI frame carries next to the observation; not observation data
-OPENPI_CONTROL_KEYS = ("endpoint", "session_id", "seed", "prompt")
 
 
 @dataclass

@@ -6,6 +6,7 @@ import numpy as np
 
 from dreamzero.embodiments.base import Embodiment
 from dreamzero.embodiments.transforms import AddCurrentState, BinariseGripper, PromptTemplate, stitch_droid
+from dreamzero_client.droid import OPENPI_CARTESIAN_KEY, OPENPI_DROID_KEY_MAP
 
 EXTERIOR_1 = "video.exterior_image_1_left"
 EXTERIOR_2 = "video.exterior_image_2_left"
@@ -39,14 +40,8 @@ class OxeDroid(Embodiment):
     relative_actions = (AddCurrentState("action.joint_position", "state.joint_position"),)
     gripper_rules = (BinariseGripper("action.gripper_position", index=0, threshold=0.5, low=0.0, high=1.0),)
     # OpenPI/RoboArena wire names: exterior 0 is the bottom-left view, exterior 1 the bottom-right
-    openpi_key_map = {
-        "observation/exterior_image_0_left": EXTERIOR_1,
-        "observation/exterior_image_1_left": EXTERIOR_2,
-        "observation/wrist_image_left": WRIST,
-        "observation/joint_position": "state.joint_position",
-        "observation/gripper_position": "state.gripper_position",
-    }
-    openpi_ignored_keys = ("observation/cartesian_position",)
+    openpi_key_map = OPENPI_DROID_KEY_MAP
+    openpi_ignored_keys = (OPENPI_CARTESIAN_KEY,)
     openpi_action_space = "joint_position"
 
     def stitch(self, views: dict[str, np.ndarray]) -> np.ndarray:

@@ -21,9 +21,10 @@ import httpx
 import pytest
 import yaml
 
+from dreamzero_client.links import OpenPILink
+from dreamzero_client.policy import DroidPolicy
 from eval.cli import main
 from eval.mujoco_droid import MujocoDroidEnv
-from eval.policy_links import OpenPILink
 from eval.runner import EvalConfig, run_evaluation
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -137,8 +138,8 @@ class _StopServerAfter:
         self.link, self.n, self.server, self.calls = link, n, server, 0
         self.name = link.name
 
-    def infer(self, frames, instruction, session_id):
-        reply = self.link.infer(frames, instruction, session_id)
+    def send(self, query):
+        reply = self.link.send(query)
         self.calls += 1
         if self.calls == self.n:
             self.server.stop()
@@ -152,7 +153,8 @@ class _StopServerAfter:
 
 
 def test_server_stopped_halfway_is_recorded_and_the_run_finishes(live_server, tmp_path):
-    link = _StopServerAfter(OpenPILink("127.0.0.1", live_server.port, timeout_s=30, max_reconnects=0), 2, live_server)
+    ws = OpenPILink(f"ws://127.0.0.1:{live_server.port}", timeout_s=30, max_reconnects=0)
+    link = DroidPolicy(_StopServerAfter(ws, 2, live_server))
     try:
         config = EvalConfig(out_dir=tmp_path, episodes_per_scene=2, max_steps=24, record_video=False)
         summary = run_evaluation(lambda s: MujocoDroidEnv(s, image_size=(90, 160), render_quality="fast"), link, config)

@@ -142,10 +142,8 @@ def test_two_episodes_through_the_cli_with_a_session_reset_between(franky_sim, t
     ids = [s["session_id"] for s in summaries]
     assert ids[0] != ids[1]
 
-    # the server saw: reset(episode 1), 3 chunks for episode 1, reset(episode 2), 3 chunks for episode 2
-    assert (
-        server.events == [("reset", ids[0])] + [("infer", ids[0])] * 3 + [("reset", ids[1])] + [("infer", ids[1])] * 3
-    )
+    # the server saw: 3 chunks for episode 1, the release of its session when episode 2 started, 3 chunks for it
+    assert server.events == [("infer", ids[0])] * 3 + [("reset", ids[0])] + [("infer", ids[1])] * 3
 
     cfg = SafetyConfig()
     for index in range(2):
@@ -164,27 +162,28 @@ def test_two_episodes_through_the_cli_with_a_session_reset_between(franky_sim, t
 
 
 def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
+    from dreamzero_client.droid import CAMERAS
     from dreamzero_client.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
     from dreamzero_client.franka.kinematics import tcp_position
     from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
-    from dreamzero_client.franka.policy import DroidPolicy
     from dreamzero_client.franka.sim_backends import SyntheticCamera
-    from dreamzero_client.openpi_client import OpenPIClient
+    from dreamzero_client.links import OpenPILink
+    from dreamzero_client.policy import DroidPolicy
 
     config = FrankyConfig(franky_sim, realtime=False)
-    cameras = {role: SyntheticCamera(role) for role in ("exterior_0", "exterior_1", "wrist")}
+    cameras = {name: SyntheticCamera(name) for name in CAMERAS}
     with FakeOpenPIServer(kill_after_infers=3) as server:
-        client = OpenPIClient(server.url, timeout_s=5.0, max_reconnects=1, reconnect_backoff_s=0.2)
+        link = OpenPILink(server.url, timeout_s=5.0, max_reconnects=1)
         with FrankyRobot(config) as robot, FrankyGripper(config) as gripper:
             for cam in cameras.values():
                 cam.connect()
             runner = EpisodeRunner(
-                robot, gripper, cameras, DroidPolicy(client, "stack the blocks"),
+                robot, gripper, cameras, DroidPolicy(link, "stack the blocks", session_prefix="franka"),
                 config=LoopConfig(max_steps=60, log_dir=str(tmp_path), record_video=False),
             )  # fmt: skip
             result = runner.run_episode(0)
             assert result.status == "failed"
-            assert result.reason.startswith("server lost"), result.reason
+            assert result.reason.startswith("server_unreachable"), result.reason
             assert result.server_calls == 2 and result.steps == 16
 
             # the arm holds: it settles, then stays put (the simulator's velocity estimate is too noisy to use)
@@ -206,9 +205,9 @@ def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
             # our forward kinematics agree with the controller's end-effector pose
             pose = robot._robot.current_pose.end_effector_pose.translation
             np.testing.assert_allclose(tcp_position(after.joint_positions), np.asarray(pose), atol=2e-3)
-        client.close()
+        link.close()
     summary = json.loads((tmp_path / "episode_0000" / "summary.json").read_text())
-    assert summary["status"] == "failed" and summary["reason"].startswith("server lost")
+    assert summary["status"] == "failed" and summary["reason"].startswith("server_unreachable")
 
 
 # --- against the live DreamZero server (`serve run serve_config.yaml`, embedded tiny model on CPU) -----------------
@@ -271,33 +270,34 @@ def live_server(tmp_path_factory):
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_two_episodes_against_the_live_server(franky_sim, live_server, tmp_path):
+    from dreamzero_client.droid import CAMERAS
     from dreamzero_client.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
     from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
-    from dreamzero_client.franka.policy import DroidPolicy
     from dreamzero_client.franka.sim_backends import SyntheticCamera
-    from dreamzero_client.openpi_client import OpenPIClient
+    from dreamzero_client.links import OpenPILink
+    from dreamzero_client.policy import DroidPolicy
 
     config = FrankyConfig(franky_sim, realtime=False)
-    cameras = {role: SyntheticCamera(role) for role in ("exterior_0", "exterior_1", "wrist")}
-    client = OpenPIClient(live_server, timeout_s=120.0, max_reconnects=1)
+    cameras = {name: SyntheticCamera(name) for name in CAMERAS}
+    link = OpenPILink(live_server, timeout_s=120.0, max_reconnects=1)
     try:
-        assert client.get_server_metadata()["image_resolution"] == [180, 320]
+        assert link.open()["image_resolution"] == [180, 320]
         with FrankyRobot(config) as robot, FrankyGripper(config) as gripper:
             for cam in cameras.values():
                 cam.connect()
             runner = EpisodeRunner(
-                robot, gripper, cameras, DroidPolicy(client, "put the cube in the bowl"),
+                robot, gripper, cameras, DroidPolicy(link, "put the cube in the bowl", session_prefix="franka"),
                 config=LoopConfig(max_steps=16, log_dir=str(tmp_path), record_video=False, chunk_wait_s=120.0),
             )  # fmt: skip
             results = runner.run(episodes=2)
     finally:
-        client.close()
+        link.close()
     assert [r.status for r in results] == ["completed", "completed"], [r.reason for r in results]
     # what the server reported for each chunk: the second episode's session restarted fresh at step 1
     reports = []
     for index, result in enumerate(results):
         steps = _steps(tmp_path / f"episode_{index:04d}")
-        queried = [s["server"]["session"] for s in steps if s["queried"]]
+        queried = [s["server"] for s in steps if s["queried"]]  # the session report of each chunk
         assert len(queried) == 2
         assert all(r["session_id"].endswith(":" + result.session_id) for r in queried)
         reports.append(queried)
@@ -325,6 +325,6 @@ def test_http_transport_against_the_live_server(live_server, tmp_path):
     )  # fmt: skip
     assert code == 0
     steps = _steps(tmp_path / "episode_0000")
-    sessions = [s["server"]["sessions"][0] for s in steps if s["queried"]]
+    sessions = [s["server"] for s in steps if s["queried"]]
     assert [r["step"] for r in sessions] == [1, 2]
     assert np.all(np.isfinite([s["command"] for s in steps]))

@@ -10,7 +10,7 @@ from dreamzero.errors import ConfigError, InvalidObservation, MissingDependency
 from eval.env_contract import check_droid_env, check_droid_observation
 from eval.isaac_sim_evals import IsaacDroidEnv, make_isaac_env, map_observation, resolve_env_id
 from eval.runner import EvalConfig, run_evaluation
-from tests.eval_support import FakeIsaacEnv, ScriptedLink
+from tests.eval_support import FakeIsaacEnv, scripted_policy
 
 
 @pytest.mark.skipif(importlib.util.find_spec("isaaclab") is not None, reason="Isaac Lab is installed here")
@@ -107,10 +107,10 @@ def test_env_id_resolution_supports_both_layouts():
 
 
 def test_runner_over_the_adapter_resizes_720p_views(tmp_path):
-    link = ScriptedLink()
+    policy, link = scripted_policy()
     summary = run_evaluation(
         lambda scene: IsaacDroidEnv(FakeIsaacEnv(), scene),
-        link,
+        policy,
         EvalConfig(out_dir=tmp_path, max_steps=10, record_video=False),
     )
     assert summary["episodes"] == 1 and summary["server_calls"] == 2  # steps 0 and 8

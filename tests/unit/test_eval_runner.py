@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from dreamzero.errors import ConfigError
+from dreamzero_client.links import OpenPILink
+from dreamzero_client.policy import DroidPolicy
 from eval.mujoco_droid import MujocoDroidEnv
-from eval.policy_links import OpenPILink
 from eval.report import write_report
-from eval.runner import EvalConfig, binarize_gripper, run_evaluation
-from tests.eval_support import FakeOpenPIServer, ScriptedLink
+from eval.runner import EvalConfig, run_evaluation
+from tests.eval_support import FakeOpenPIServer, scripted_policy
 
 
 def _env(scene):
@@ -24,7 +25,7 @@ def _env(scene):
 
 def test_short_run_over_openpi_websocket_writes_video_json_summary_report(tmp_path):
     with FakeOpenPIServer() as server:
-        link = OpenPILink("127.0.0.1", server.port, timeout_s=10)
+        link = DroidPolicy(OpenPILink(f"ws://127.0.0.1:{server.port}", timeout_s=10))
         try:
             summary = run_evaluation(
                 _env, link, EvalConfig(out_dir=tmp_path, max_steps=20, extra={"simulator": "mujoco"})
@@ -32,6 +33,9 @@ def test_short_run_over_openpi_websocket_writes_video_json_summary_report(tmp_pa
         finally:
             link.close()
         assert server.infer_calls == 3  # steps 0, 8, 16
+        assert server.frame_counts == [1, 4, 4]  # the first query starts the session, then 4-frame stacks
+        assert "expected_steps" not in server.requests[0]  # the session's last reply goes back with the next query
+        assert server.requests[1]["expected_steps"] == [1] and server.requests[2]["expected_incarnations"] == ["fake-1"]
         assert len(server.resets) == 1  # the session is reset after the episode
     assert summary["episodes"] == 1 and summary["server_calls"] == 3 and summary["failed_episodes"] == 0
     assert summary["latency_ms"]["count"] == 3 and summary["latency_ms"]["p50"] > 0
@@ -75,7 +79,7 @@ def test_short_run_over_openpi_websocket_writes_video_json_summary_report(tmp_pa
 
 def test_server_stopped_halfway_is_recorded_and_the_run_finishes(tmp_path):
     with FakeOpenPIServer(stop_after=2) as server:
-        link = OpenPILink("127.0.0.1", server.port, timeout_s=5, max_reconnects=0)
+        link = DroidPolicy(OpenPILink(f"ws://127.0.0.1:{server.port}", timeout_s=5, max_reconnects=0))
         try:
             config = EvalConfig(out_dir=tmp_path, episodes_per_scene=2, max_steps=24, record_video=False)
             summary = run_evaluation(_env, link, config)
@@ -94,7 +98,7 @@ def test_server_stopped_halfway_is_recorded_and_the_run_finishes(tmp_path):
 @pytest.mark.parametrize("inject,reason", [({"error_at": (2,)}, "error_reply"), ({"bad_chunk_at": (1,)}, "bad_chunk")])
 def test_error_reply_or_bad_chunk_fails_only_that_episode(tmp_path, inject, reason):
     with FakeOpenPIServer(**inject) as server:
-        link = OpenPILink("127.0.0.1", server.port, timeout_s=5)
+        link = DroidPolicy(OpenPILink(f"ws://127.0.0.1:{server.port}", timeout_s=5))
         try:
             summary = run_evaluation(
                 _env, link, EvalConfig(out_dir=tmp_path, episodes_per_scene=2, max_steps=10, record_video=False)
@@ -109,24 +113,23 @@ def test_error_reply_or_bad_chunk_fails_only_that_episode(tmp_path, inject, reas
 
 
 def test_sessions_horizon_and_scenes_with_a_scripted_link(tmp_path):
-    link = ScriptedLink(horizon=5)  # shorter chunks than the open-loop horizon: query when the chunk runs out
+    # shorter chunks than the open-loop horizon: query when the chunk runs out
+    policy, link = scripted_policy(horizon=5)
     config = EvalConfig(
         out_dir=tmp_path, scenes=(1, 3), episodes_per_scene=2, open_loop_horizon=8, max_steps=12, record_video=False
     )
-    summary = run_evaluation(_env, link, config)
+    summary = run_evaluation(_env, policy, config)
     assert summary["episodes"] == 4 and summary["server_calls"] == 4 * 3  # steps 0, 5, 10
     sessions = [sid for _, _, sid in link.calls]
     per_episode = [sessions[i] for i in range(0, 12, 3)]
     assert len(set(per_episode)) == 4 and link.resets == per_episode  # fresh id per episode, reset after it
     assert {instr for _, instr, _ in link.calls} == {"put the cube in the bowl", "put the banana in the bin"}
-    assert [n for n, _, _ in link.calls[:3]] == [1, 6, 11]  # the history grows with the episode
+    assert [n for n, _, _ in link.calls[:3]] == [1, 4, 4]  # 1 frame starts a session, then 4-frame stacks
     assert set(summary["per_scene"]) == {1, 3}
 
 
-def test_gripper_rule_and_config_validation(tmp_path):
-    assert binarize_gripper(np.r_[np.zeros(7), 0.51])[7] == 1.0
-    assert binarize_gripper(np.r_[np.zeros(7), 0.5])[7] == 0.0
+def test_config_validation(tmp_path):
     with pytest.raises(ConfigError, match="open_loop_horizon"):
-        run_evaluation(_env, ScriptedLink(), EvalConfig(out_dir=tmp_path, open_loop_horizon=0))
+        run_evaluation(_env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, open_loop_horizon=0))
     with pytest.raises(ConfigError, match="episodes_per_scene"):
-        run_evaluation(_env, ScriptedLink(), EvalConfig(out_dir=tmp_path, episodes_per_scene=0))
+        run_evaluation(_env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, episodes_per_scene=0))

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 
 from dreamzero.errors import ConfigError
+from dreamzero_client.droid import CAMERAS
 from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
 from dreamzero_client.franka.operator import Command
-from dreamzero_client.franka.policy import DroidPolicy
 from dreamzero_client.franka.safety import DROID_HOME, SafetyConfig, SafetyFilter
 from dreamzero_client.franka.sim_backends import SimGripper, SimRobot, SyntheticCamera
+from dreamzero_client.policy import DroidPolicy
 from tests.franka_support import ScriptedOperator, ScriptedTransport, chunk_near
 
 HZ = 50.0  # faster than 15 Hz so the tests take well under a second per episode
@@ -25,13 +26,13 @@ def make_runner(transport, operator=None, safety=None, robot=None, cameras=None,
     robot = robot or SimRobot()
     gripper = SimGripper()
     cameras = cameras or {
-        "exterior_0": SyntheticCamera("ext0", 180, 320),
-        "exterior_1": SyntheticCamera("ext1", 480, 640),  # resized + padded by the policy adapter
-        "wrist": SyntheticCamera("wrist", 180, 320),
+        "exterior_image_0_left": SyntheticCamera("ext0", 180, 320),
+        "exterior_image_1_left": SyntheticCamera("ext1", 480, 640),  # resized + padded by the policy
+        "wrist_image_left": SyntheticCamera("wrist", 180, 320),
     }
     for device in (robot, gripper, *cameras.values()):
         device.connect()
-    policy = DroidPolicy(transport, prompt="put the cube in the bowl")
+    policy = DroidPolicy(transport, prompt="put the cube in the bowl", session_prefix="franka")
     runner = EpisodeRunner(
         robot,
         gripper,
@@ -111,7 +112,7 @@ def test_server_killed_mid_episode_holds_and_fails_with_reason():
     runner, robot, _ = make_runner(transport, max_steps=200, open_loop_horizon=4)
     result = runner.run_episode(0)
     assert result.status == "failed"
-    assert result.reason.startswith("server lost: ConnectionError")
+    assert result.reason.startswith("server_unreachable: ConnectionError")
     assert result.server_calls == 3 and result.steps == 12
     assert robot.holding  # the last thing the arm heard was "hold"
     assert_commands_within_limits(robot, runner.safety.config)
@@ -142,7 +143,7 @@ def test_each_episode_gets_a_fresh_session_reset_home_and_open_gripper():
     runner, robot, gripper = make_runner(transport, max_steps=10)
     results = runner.run(episodes=2)
     assert [r.status for r in results] == ["completed", "completed"]
-    assert transport.resets == 2
+    assert transport.resets == [results[0].session_id]  # the first session is released when the second starts
     ids = [r.session_id for r in results]
     assert len(set(ids)) == 2 and all(i.startswith("franka-") for i in ids)
     seen = [obs["session_id"] for obs in transport.calls]
@@ -154,7 +155,8 @@ def test_each_episode_gets_a_fresh_session_reset_home_and_open_gripper():
     assert [r.server_calls for r in results] == [2, 2]
     obs = transport.calls[0]
     assert obs["prompt"] == "put the cube in the bowl"
-    assert obs["observation/exterior_image_1_left"].shape == (180, 320, 3)
+    assert obs["observation/exterior_image_1_left"].shape == (180, 320, 3)  # 1 frame starts the session
+    assert transport.calls[1]["observation/exterior_image_1_left"].shape == (4, 180, 320, 3)
     assert obs["observation/joint_position"].shape == (7,) and obs["observation/gripper_position"].shape == (1,)
 
 
@@ -239,9 +241,9 @@ def test_ctrl_c_holds_the_arm_and_ends_the_session():
             return super().observe()
 
     cameras = {
-        "exterior_0": InterruptingCamera("e0"),
-        "exterior_1": SyntheticCamera("e1"),
-        "wrist": SyntheticCamera("w"),
+        "exterior_image_0_left": InterruptingCamera("e0"),
+        "exterior_image_1_left": SyntheticCamera("e1"),
+        "wrist_image_left": SyntheticCamera("w"),
     }
     runner, robot, _ = make_runner(ScriptedTransport(), cameras=cameras)
     results = runner.run(episodes=2)
@@ -250,12 +252,13 @@ def test_ctrl_c_holds_the_arm_and_ends_the_session():
     assert robot.holding
 
 
-def test_server_down_at_episode_start_fails_without_moving():
+def test_server_down_at_episode_start_fails_without_a_policy_command():
     transport = ScriptedTransport(fail_from=0)
     runner, robot, _ = make_runner(transport)
     result = runner.run_episode(0)
-    assert result.status == "failed" and result.reason.startswith("server reset failed")
-    assert [c.kind for c in robot.commands] == ["hold"]
+    assert result.status == "failed" and result.reason.startswith("server_unreachable")
+    kinds = [c.kind for c in robot.commands]
+    assert kinds[0] == "move_to" and set(kinds[1:]) == {"hold"}  # home, then hold: no chunk row was sent
 
 
 def test_video_is_written(tmp_path):
@@ -292,10 +295,10 @@ def test_bad_camera_frame_fails_the_episode_naming_the_camera(tmp_path):
         def observe(self):
             return super().observe()[..., 0]  # (H, W): not RGB
 
-    cameras = {"exterior_0": SyntheticCamera("e0"), "exterior_1": SyntheticCamera("e1"), "wrist": GreyCamera("w")}
+    cameras = {CAMERAS[0]: SyntheticCamera("e0"), CAMERAS[1]: SyntheticCamera("e1"), CAMERAS[2]: GreyCamera("w")}
     runner, robot, _ = make_runner(ScriptedTransport(), cameras=cameras, log_dir=str(tmp_path))
     result = runner.run_episode(0)
-    assert result.status == "failed" and "InvalidObservation" in result.reason and "'wrist'" in result.reason
+    assert result.status == "failed" and "InvalidObservation" in result.reason and "wrist_image_left" in result.reason
     assert robot.holding
 
 

@@ -1,4 +1,4 @@
-"""Safety layer: chunk validation, limits, per-step bound, workspace box (forward kinematics), watchdog."""
+"""Safety layer: limits, per-step bound, workspace box (forward kinematics), watchdog (chunk checks: the runtime)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,8 @@ import pytest
 
 from dreamzero.errors import ConfigError
 from dreamzero_client.franka.kinematics import flange_pose, tcp_position
-from dreamzero_client.franka.safety import (
-    DROID_HOME,
-    ChunkRejected,
-    SafetyConfig,
-    SafetyFilter,
-    Watchdog,
-    binarize_gripper,
-    validate_chunk,
-)
+from dreamzero_client.franka.safety import DROID_HOME, SafetyConfig, SafetyFilter, Watchdog
+from dreamzero_client.policy import ChunkRejected
 
 EPS = 1e-9
 
@@ -33,41 +26,6 @@ def test_fk_zero_pose_is_the_stacked_link_lengths():
     # all joints at zero: the arm is straight up except the 0.088 m offset of joint 7 and the 0.0825 elbow offsets
     p = flange_pose(np.zeros(7))[:3, 3]
     np.testing.assert_allclose(p, [0.088, 0.0, 0.333 + 0.316 + 0.384 - 0.107], atol=1e-9)
-
-
-@pytest.mark.parametrize(
-    "chunk, message",
-    [
-        (np.full((24, 8), np.nan), "non-finite"),
-        (np.full((24, 8), np.inf), "non-finite"),
-        (np.zeros((24, 7)), "shape"),
-        (np.zeros((24, 8, 1)), "shape"),
-        (np.zeros((8,)), "shape"),
-        (np.zeros((3, 8)), "at least 8 rows"),
-        (np.zeros((24, 8), dtype=complex), "real numeric"),
-        (np.zeros((24, 8), dtype=object), "real numeric"),
-        ([[0.0] * 8] * 24, "numpy array"),
-        (None, "numpy array"),
-    ],
-)
-def test_validate_chunk_rejects_bad_chunks(chunk, message):
-    with pytest.raises(ChunkRejected, match=message) as info:
-        validate_chunk(chunk, min_rows=8)
-    assert info.value.field == "actions"
-
-
-def test_validate_chunk_names_the_first_nan():
-    chunk = np.zeros((24, 8), np.float32)
-    chunk[5, 3] = np.nan
-    with pytest.raises(ChunkRejected, match="row 5, column 3"):
-        validate_chunk(chunk)
-    assert validate_chunk(np.zeros((24, 8), np.float32)).dtype == np.float64
-
-
-def test_gripper_binarisation():
-    assert binarize_gripper(0.51) and binarize_gripper(1.0)
-    assert not binarize_gripper(0.5) and not binarize_gripper(0.0)
-    assert binarize_gripper(0.3, threshold=0.2)
 
 
 @pytest.mark.parametrize(

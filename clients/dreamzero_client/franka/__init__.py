@@ -6,8 +6,8 @@ needs numpy, msgpack and websockets/httpx only. See docs/franka.md.
 
 from dreamzero_client.franka.contracts import ArmState, Camera, DeviceError, Gripper, Robot, RobotFault
 from dreamzero_client.franka.loop import EpisodeResult, EpisodeRunner, LoopConfig
-from dreamzero_client.franka.policy import Chunk, DroidPolicy, PolicyError, connect_policy
-from dreamzero_client.franka.safety import ChunkRejected, SafetyConfig, SafetyFilter, Watchdog
+from dreamzero_client.franka.policy import Chunk, ChunkRejected, DroidPolicy, PolicyCallError, connect_policy
+from dreamzero_client.franka.safety import SafetyConfig, SafetyFilter, Watchdog
 
 __all__ = [
     "ArmState",
@@ -20,7 +20,7 @@ __all__ = [
     "EpisodeRunner",
     "Gripper",
     "LoopConfig",
-    "PolicyError",
+    "PolicyCallError",
     "Robot",
     "RobotFault",
     "SafetyConfig",

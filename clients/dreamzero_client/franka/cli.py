@@ -17,14 +17,16 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
+from dreamzero_client import droid
 from dreamzero_client.errors import ClientError, ConfigError, DreamZeroError
 from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
 from dreamzero_client.franka.operator import ConsoleOperator, Operator
-from dreamzero_client.franka.policy import DroidPolicy, connect_policy
+from dreamzero_client.franka.policy import connect_policy
 from dreamzero_client.franka.safety import SafetyConfig, SafetyFilter
 
 logger = logging.getLogger("dreamzero.franka")
-CAMERA_ROLES = ("exterior_0", "exterior_1", "wrist")
+#: --exterior-0 / --exterior-1 / --wrist name the serials of the DROID cameras, in this order
+CAMERA_FLAGS = dict(zip(("exterior_0", "exterior_1", "wrist"), droid.CAMERAS))
 
 
 def _floats(text: str, n: int, flag: str) -> tuple[float, ...]:
@@ -70,9 +72,9 @@ class DeployArgs:
     def from_namespace(cls, ns: argparse.Namespace) -> DeployArgs:
         if ns.robot == "franky" and not ns.robot_ip:
             raise ConfigError("--robot-ip is required with --robot franky (the FCI address, e.g. 172.16.0.2)")
-        serials = {"exterior_0": ns.exterior_0, "exterior_1": ns.exterior_1, "wrist": ns.wrist}
+        serials = {camera: getattr(ns, flag) for flag, camera in CAMERA_FLAGS.items()}
         if ns.cameras == "realsense":
-            missing = [f"--{role.replace('_', '-')}" for role, s in serials.items() if not s]
+            missing = [f"--{flag.replace('_', '-')}" for flag, cam in CAMERA_FLAGS.items() if not serials[cam]]
             if missing:
                 raise ConfigError(f"--cameras realsense needs a serial number for {', '.join(missing)}")
         if ns.episodes < 1:
@@ -179,13 +181,13 @@ def _devices(args: DeployArgs):
 
         h, w = args.camera_size
         cameras = {
-            role: RealSenseCamera(role, args.serials[role], width=w, height=h, fps=args.camera_fps)
-            for role in CAMERA_ROLES
+            name: RealSenseCamera(name, args.serials[name], width=w, height=h, fps=args.camera_fps)
+            for name in droid.CAMERAS
         }
     else:
         from dreamzero_client.franka.sim_backends import SyntheticCamera
 
-        cameras = {role: SyntheticCamera(role) for role in CAMERA_ROLES}
+        cameras = {name: SyntheticCamera(name) for name in droid.CAMERAS}
     return robot, gripper, cameras
 
 
@@ -194,11 +196,10 @@ def run(args: DeployArgs, operator: Operator | None = None) -> list:
     robot, gripper, cameras = _devices(args)
     operator = operator or (Operator() if args.unattended else ConsoleOperator())
     with ExitStack() as stack:
-        transport = connect_policy(args.server, api_key=args.api_key, timeout_s=args.timeout_s)
-        stack.callback(transport.close)
+        policy = connect_policy(args.server, args.prompt, api_key=args.api_key, timeout_s=args.timeout_s)
+        stack.callback(policy.close)
         for device in (robot, gripper, *cameras.values()):
             stack.enter_context(device)
-        policy = DroidPolicy(transport, args.prompt)
         runner = EpisodeRunner(robot, gripper, cameras, policy, SafetyFilter(args.safety), args.loop, operator)
         results = runner.run(args.episodes)
     operator.close()

@@ -1,10 +1,11 @@
 """The 15 Hz deployment loop: episodes of observe -> (query) -> safety filter -> command, with operator controls.
 
 Per episode:
-1. a fresh session id and a server-side reset; the arm moves home and the gripper opens;
-2. every tick (1 / control_hz): read the operator's commands, observe arm + gripper + cameras, query the server when
-   the executed part of the current chunk (open-loop horizon, 8 rows by default) is used up, pass the next row through
-   the safety filter, send the joint targets and (on change) the binarised gripper command, log the step;
+1. a fresh session id (the previous episode's session is released on the server); the arm moves home, the gripper opens;
+2. every tick (1 / control_hz): read the operator's commands, observe arm + gripper + cameras and hand the
+   observation to the policy (its frame history needs every tick), query the server when the executed part of the
+   current chunk (open-loop horizon, 8 rows by default) is used up, pass the next row through the safety filter, send
+   the joint targets and (on change) the gripper command by DROID's rule, log the step;
 3. with `prefetch`, the next query is sent `prefetch_lead_steps` ticks early from a background thread and the new
    chunk starts that many rows in (its first rows belong to ticks that already happened);
 4. the episode ends after `max_steps`, on an operator label / abort / quit, on Ctrl+C (aborted), or as failed with
@@ -21,12 +22,13 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from dreamzero_client import droid
 from dreamzero_client.errors import ConfigError, DreamZeroError
 from dreamzero_client.franka.contracts import Camera, DeviceError, Gripper, Robot
 from dreamzero_client.franka.episode_log import EpisodeLog
 from dreamzero_client.franka.operator import Command, Operator
-from dreamzero_client.franka.policy import Chunk, DroidPolicy, PolicyError
-from dreamzero_client.franka.safety import DROID_HOME, ChunkRejected, SafetyFilter, Watchdog, binarize_gripper
+from dreamzero_client.franka.safety import DROID_HOME, SafetyFilter, Watchdog
+from dreamzero_client.policy import Chunk, ChunkRejected, DroidPolicy, PolicyCallError
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +137,7 @@ class CommandGate:
 
 
 class EpisodeRunner:
-    """Runs episodes on connected devices. `cameras` maps roles ("exterior_0", "exterior_1", "wrist") to cameras."""
+    """Runs episodes on connected devices. `cameras` maps the DROID camera names (`droid.CAMERAS`) to cameras."""
 
     def __init__(
         self,
@@ -167,14 +169,15 @@ class EpisodeRunner:
         t0 = time.monotonic()
         self._pending: concurrent.futures.Future | None = None
         try:
-            result.session_id = self.policy.new_session()
+            self.policy.reset()  # releases the previous episode's session; a new session id
+            result.session_id = self.policy.session_id
             self._go_home(gate)
             with watchdog:
                 self._control(result, gate, watchdog, log)
         except _EpisodeEnd as end:
             result.status, result.reason, result.label = end.status, end.reason, end.label
-        except PolicyError as exc:
-            result.status, result.reason = "failed", exc.reason
+        except PolicyCallError as exc:
+            result.status, result.reason = "failed", str(exc)
         except DeviceError as exc:
             result.status, result.reason = "failed", f"device error: {type(exc).__name__}: {exc}"
             self._try_recover()
@@ -226,20 +229,26 @@ class EpisodeRunner:
             self._handle_operator(gate, watchdog)
             arm = self.robot.observe()
             gripper_pos = self.gripper.observe()
-            images = {role: cam.observe() for role, cam in self.cameras.items()}
-            obs = self.policy.build_observation(arm.joint_positions, gripper_pos, images)
+            obs = {name: cam.observe() for name, cam in self.cameras.items()}
+            obs.update(joint_position=arm.joint_positions, gripper_position=[gripper_pos])
             record: dict = {"step": step, "t": tick_start, "queried": False}
+            observed = False  # each tick's frame enters the policy's history exactly once
 
             # 2a. a new chunk when the executed part of the current one is used up
             if chunk is None or executed >= cfg.open_loop_horizon:
                 try:
                     if self._pending is not None:
+                        self.policy.observe(obs)
+                        observed = True
                         chunk, row = self._take_prefetched(gate), cfg.prefetch_lead_steps
                     else:
+                        observed = True  # infer records the frame before it can fail
                         chunk, row = self.policy.infer(obs), 0
                     result.server_calls += 1
                     result.latencies_ms.append(chunk.latency_ms)
-                    record.update(queried=True, latency_ms=chunk.latency_ms, server=chunk.extras)
+                    record.update(queried=True, latency_ms=chunk.latency_ms, server=chunk.session)
+                    if chunk.restarted:
+                        record["session_restarted"] = chunk.restarted
                     executed, rejected_in_a_row = 0, 0
                 except ChunkRejected as exc:
                     result.server_calls += 1
@@ -253,17 +262,20 @@ class EpisodeRunner:
                         raise _EpisodeEnd(
                             "failed", f"{rejected_in_a_row} chunks in a row rejected; last: {exc}"
                         ) from exc
-                    self._finish_tick(log, record, obs, arm, gripper_pos, result, step, next_tick)
+                    self._finish_tick(log, record, arm, gripper_pos, result, step, next_tick)
                     next_tick = self._sleep_until(next_tick + cfg.period_s)
                     continue
-                except PolicyError:
+                except PolicyCallError:
                     gate.hold()
                     raise
 
             # 2b. prefetch: `lead` ticks before the executed part runs out, query from this tick's observation; the
             # new chunk's row 0 is this tick's action, so it starts at row `lead` when it takes over
             if cfg.prefetch and self._pending is None and executed == cfg.open_loop_horizon - cfg.prefetch_lead_steps:
-                self._pending = self._executor.submit(self.policy.infer, obs)
+                self._pending = self._executor.submit(self.policy.send, self.policy.request(obs))
+                observed = True
+            if not observed:
+                self.policy.observe(obs)
 
             # 2c. the safety filter, then the command
             action = chunk.actions[row]
@@ -272,7 +284,7 @@ class EpisodeRunner:
             cmd = self.safety.filter(action[:7], arm.joint_positions)
             gate.send(cmd.joint_targets)
             watchdog.feed()
-            closed = binarize_gripper(action[7], self.safety.config.gripper_threshold)
+            closed = droid.binarize_gripper(action[7], self.safety.config.gripper_threshold) == 1.0
             if closed != gripper_closed:
                 self.gripper.send(closed)
                 gripper_closed = closed
@@ -283,10 +295,10 @@ class EpisodeRunner:
             row += 1
             executed += 1
 
-            self._finish_tick(log, record, obs, arm, gripper_pos, result, step, next_tick)
+            self._finish_tick(log, record, arm, gripper_pos, result, step, next_tick)
             next_tick = self._sleep_until(next_tick + cfg.period_s)
 
-    def _finish_tick(self, log, record, obs, arm, gripper_pos, result, step, next_tick) -> None:
+    def _finish_tick(self, log, record, arm, gripper_pos, result, step, next_tick) -> None:
         result.steps = step + 1
         if log is None:
             return
@@ -296,8 +308,8 @@ class EpisodeRunner:
             tick_ms=(time.monotonic() - record["t"]) * 1e3,
             late_ms=max(0.0, (record["t"] - next_tick) * 1e3),
         )
-        frames = [obs[k] for k in sorted(k for k in obs if k.startswith("observation/") and k.endswith("_left"))]
-        log.step(record, frames)
+        newest = self.policy.history.select(first_call=True)[0]  # this tick's frame, as the policy sees it
+        log.step(record, [newest.images[name] for name in droid.CAMERAS])
 
     def _take_prefetched(self, gate: CommandGate) -> Chunk:
         """The prefetched chunk; if it is late the arm holds while we wait (bounded by chunk_wait_s)."""
@@ -308,7 +320,7 @@ class EpisodeRunner:
             return future.result(timeout=self.config.chunk_wait_s)
         except concurrent.futures.TimeoutError as exc:
             future.cancel()
-            raise PolicyError(f"server lost: no chunk within {self.config.chunk_wait_s:.1f} s") from exc
+            raise PolicyCallError("timeout", f"no chunk within {self.config.chunk_wait_s:.1f} s") from exc
 
     def _handle_operator(self, gate: CommandGate, watchdog: Watchdog) -> None:
         for cmd in self.operator.poll():

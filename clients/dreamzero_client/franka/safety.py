@@ -1,13 +1,14 @@
 """The safety layer between the policy and the arm. Every joint target goes through `SafetyFilter.filter`.
 
 What it enforces (limits from trusted Franka stacks, see docs/franka.md):
-1. Chunk validation: a chunk that is not a finite (H, 8) numeric array is rejected whole (`ChunkRejected`).
+1. Chunk validation (`dreamzero_client.policy.validate_chunk`): a chunk that is not a finite (H, 8) numeric array
+   is rejected whole (`ChunkRejected`); a non-finite target reaching the filter is rejected too.
 2. Joint limits minus a margin (FR3 limits, 0.1 rad margin by default).
 3. A maximum change per control step, relative to the last command: min(max_step_rad, velocity cap / control rate)
    per joint, so the commanded velocity never exceeds the cap.
 4. Optionally a workspace box for the gripper's TCP, checked with forward kinematics: a step that would leave the
    box is shortened to the last point inside it.
-5. Gripper binarisation (> threshold -> closed).
+5. Gripper binarisation with DROID's rule (`droid.binarize_gripper`, > threshold -> closed).
 6. A watchdog that holds the arm when no valid command was sent in time (the loop is blocked, the server is gone).
 """
 
@@ -21,28 +22,18 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dreamzero_client.errors import ConfigError, DreamZeroError
+from dreamzero_client.errors import ConfigError
 from dreamzero_client.franka.contracts import NUM_JOINTS
 from dreamzero_client.franka.kinematics import tcp_position
+from dreamzero_client.policy import ChunkRejected
 
 # 1. Franka Research 3 limits (rad, rad/s) and the DROID home pose
 FR3_JOINT_LOWER = np.array([-2.7437, -1.7837, -2.9007, -3.0421, -2.8065, 0.5445, -3.0159])
 FR3_JOINT_UPPER = np.array([2.7437, 1.7837, 2.9007, -0.1518, 2.8065, 4.5169, 3.0159])
 FR3_MAX_JOINT_VELOCITY = np.array([2.075, 2.075, 2.075, 2.075, 2.51, 2.51, 2.51])
 DROID_HOME = np.array([0.0, -np.pi / 5, 0.0, -4 * np.pi / 5, 0.0, 3 * np.pi / 5, 0.0])
-ACTION_DIM = NUM_JOINTS + 1  # 7 absolute joint targets + gripper
 
 logger = logging.getLogger(__name__)
-
-
-class ChunkRejected(DreamZeroError, ValueError):
-    """The server's action chunk cannot be executed (wrong shape or dtype, NaN/inf). Nothing of it reaches the arm."""
-
-    code = "chunk_rejected"
-
-    def __init__(self, message: str, field: str = "actions"):
-        super().__init__(message)
-        self.field = field
 
 
 @dataclass
@@ -103,29 +94,6 @@ class SafetyConfig:
     @property
     def has_workspace(self) -> bool:
         return self.workspace_min is not None
-
-
-def validate_chunk(chunk: object, min_rows: int = 1) -> np.ndarray:
-    """Return the chunk as float64 (H, 8), or raise `ChunkRejected` naming what is wrong with it."""
-    if not isinstance(chunk, np.ndarray):
-        raise ChunkRejected(f"actions must be a numpy array, got {type(chunk).__name__}")
-    if chunk.dtype.kind not in "fiu":
-        raise ChunkRejected(f"actions must be a real numeric array, got dtype {chunk.dtype}")
-    if chunk.ndim != 2 or chunk.shape[1] != ACTION_DIM:
-        raise ChunkRejected(f"actions must have shape (H, {ACTION_DIM}), got {chunk.shape}")
-    if chunk.shape[0] < min_rows:
-        raise ChunkRejected(f"actions must have at least {min_rows} rows, got {chunk.shape[0]}")
-    chunk = chunk.astype(np.float64)
-    bad = ~np.isfinite(chunk)
-    if bad.any():
-        row, col = np.argwhere(bad)[0]
-        raise ChunkRejected(f"actions hold {int(bad.sum())} non-finite values (first at row {row}, column {col})")
-    return chunk
-
-
-def binarize_gripper(value: float, threshold: float = 0.5) -> bool:
-    """DROID's rule: closed iff the policy's gripper output is above the threshold."""
-    return bool(value > threshold)
 
 
 @dataclass(frozen=True)

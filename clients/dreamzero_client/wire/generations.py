@@ -228,24 +228,7 @@ def parse_generation_request(
             ]
         else:
             seeds = [f.int_in(seed, "parameters.seed", 0, f.MAX_SEED)] * b
-    expected_steps = None
-    if params.get("expected_steps") is not None:
-        raw_steps = f.per_row(params["expected_steps"], "parameters.expected_steps", b, (int,))
-        expected_steps = [
-            None if s is None else f.int_in(s, f"parameters.expected_steps[{i}]", 0, 2**62)
-            for i, s in enumerate(raw_steps)
-        ]
-    expected_incarnations = None
-    if params.get("expected_incarnations") is not None:
-        raw_inc = f.per_row(params["expected_incarnations"], "parameters.expected_incarnations", b, (str,))
-        for i, inc in enumerate(raw_inc):
-            if inc is not None and (not isinstance(inc, str) or not 0 < len(inc) <= 64):
-                raise InvalidObservation(
-                    f"'parameters.expected_incarnations[{i}]' must be null or the 'incarnation' string of the last "
-                    f"reply for that session, got {inc!r}",
-                    field=f"parameters.expected_incarnations[{i}]",
-                )
-        expected_incarnations = list(raw_inc)
+    expected_steps, expected_incarnations = continuity_fields(params, b, "parameters.")
     routing_key = params.get("routing_key")
     if routing_key is not None and (not isinstance(routing_key, str) or not routing_key):
         raise InvalidObservation("'parameters.routing_key' must be a non-empty string", field="parameters.routing_key")
@@ -268,6 +251,32 @@ def parse_generation_request(
         model=model,
         flavour=flavour,
     )
+
+
+def continuity_fields(params: Mapping, b: int, prefix: str = "") -> tuple[list | None, list | None]:
+    """`expected_steps` (ints) and `expected_incarnations` (strings) of B rows, each None when not sent.
+
+    A client echoes the `step` and `incarnation` of each session's last reply so the server can tell stale state.
+    """
+    expected_steps = None
+    if params.get("expected_steps") is not None:
+        raw_steps = f.per_row(params["expected_steps"], f"{prefix}expected_steps", b, (int,))
+        expected_steps = [
+            None if s is None else f.int_in(s, f"{prefix}expected_steps[{i}]", 0, 2**62)
+            for i, s in enumerate(raw_steps)
+        ]
+    expected_incarnations = None
+    if params.get("expected_incarnations") is not None:
+        raw_inc = f.per_row(params["expected_incarnations"], f"{prefix}expected_incarnations", b, (str,))
+        for i, inc in enumerate(raw_inc):
+            if inc is not None and (not isinstance(inc, str) or not 0 < len(inc) <= 64):
+                raise InvalidObservation(
+                    f"'{prefix}expected_incarnations[{i}]' must be null or the 'incarnation' string of the last "
+                    f"reply for that session, got {inc!r}",
+                    field=f"{prefix}expected_incarnations[{i}]",
+                )
+        expected_incarnations = list(raw_inc)
+    return expected_steps, expected_incarnations
 
 
 def build_request_body(

@@ -9,23 +9,20 @@ from typing import Any
 
 import numpy as np
 
+from dreamzero_client.droid import OPENPI_DROID_KEY_MAP  # noqa: F401 - the DROID map lives with the DROID client
 from dreamzero_client.errors import InvalidObservation, InvalidRequest
 from dreamzero_client.wire import codec
 from dreamzero_client.wire import fields as f
+from dreamzero_client.wire.generations import continuity_fields
 
-#: control keys of an OpenPI request; everything else is observation
-OPENPI_CONTROL_KEYS = ("endpoint", "session_id", "prompt", "seed", "response_format")
+#: control keys of an OpenPI request; everything else is observation. `expected_steps` / `expected_incarnations`
+#: (a list of one) carry the session's continuity fields, as in the HTTP body's `parameters`.
+OPENPI_CONTROL_KEYS = (
+    "endpoint", "session_id", "prompt", "seed", "response_format", "expected_steps", "expected_incarnations",
+)  # fmt: skip
 OPENPI_ENDPOINTS = ("infer", "reset")
 OPENPI_DEFAULT_SESSION = "default"
 OPENPI_RESET_REPLY = {"status": "reset successful"}
-#: OpenPI DROID observation keys -> the DROID embodiment's raw keys
-OPENPI_DROID_KEY_MAP = {
-    "observation/exterior_image_0_left": "video.exterior_image_1_left",
-    "observation/exterior_image_1_left": "video.exterior_image_2_left",
-    "observation/wrist_image_left": "video.wrist_image_left",
-    "observation/joint_position": "state.joint_position",
-    "observation/gripper_position": "state.gripper_position",
-}
 _TEXT_KEY = re.compile(r"^[\w./:-]{1,128}$")
 
 
@@ -79,6 +76,8 @@ class OpenPIRequest:
     observation: dict[str, np.ndarray]  # every non-control key, as sent (e.g. "observation/joint_position")
     reply_as_dict: bool  # {"actions": ...} (openpi clients) vs the bare array (DreamZero's own client)
     flavour: str = codec.OPENPI
+    expected_step: int | None = None  # `step` of the session's last reply, echoed by the client
+    expected_incarnation: str | None = None  # `incarnation` of the session's last reply, echoed by the client
 
 
 def parse_openpi_request(msg: Any, flavour: str = codec.OPENPI) -> OpenPIRequest:
@@ -110,7 +109,11 @@ def parse_openpi_request(msg: Any, flavour: str = codec.OPENPI) -> OpenPIRequest
         observation[k] = f.array(v, k)
     if endpoint == "infer" and prompt is None:
         raise InvalidObservation("'prompt' is required for infer", field="prompt")
-    return OpenPIRequest(endpoint, session_id, prompt, seed, observation, reply_as_dict, flavour)
+    steps, incarnations = continuity_fields(msg, 1)
+    return OpenPIRequest(
+        endpoint, session_id, prompt, seed, observation, reply_as_dict, flavour,
+        expected_step=steps[0] if steps else None, expected_incarnation=incarnations[0] if incarnations else None,
+    )  # fmt: skip
 
 
 def infer_reply(actions: np.ndarray, as_dict: bool, extra: Mapping[str, Any] | None = None) -> Any:

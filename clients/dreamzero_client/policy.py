@@ -1,0 +1,250 @@
+"""The DROID client policy that the sim evaluation and the Franka loop share.
+
+    policy = DroidPolicy(OpenPILink("ws://gpu-box:8000"), prompt="put the cube in the bowl")
+    chunk = policy.infer(obs)   # obs: see `dreamzero_client.droid`; -> Chunk(actions float64 [H, 8], ...)
+    policy.observe(obs)         # every control step without a query: the frame history needs it
+    policy.reset()              # release the session on the server and start a new one (a new session id)
+    policy.close()
+
+The interface is openpi's `BasePolicy` (infer / reset) plus `close`; `observe` feeds the frame history between
+queries. The policy owns what every DROID client must get right once: the session id, the frame history, the
+chunk check, and session continuity (the server's step and incarnation of the last reply go back with the next
+query, and a reply that says the server restarted the session is flagged in `Chunk.restarted`). A `Link` carries a
+`Query` over one transport (`dreamzero_client.links`, or the in-process policy of `eval/`).
+
+Every failure surfaces as `PolicyCallError` with a `reason` in FAILURE_REASONS; an unusable chunk is its subclass
+`ChunkRejected`, so a robot loop may hold and retry while the evaluation records a failed episode.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from dreamzero_client import droid
+from dreamzero_client.errors import DreamZeroError, InvalidObservation
+
+log = logging.getLogger("dreamzero.clients.policy")
+
+FAILURE_REASONS = ("server_unreachable", "timeout", "error_reply", "bad_chunk")
+#: restarts the client asked for; any other restart of a running session is flagged
+CLIENT_RESTARTS = ("new_session", "reset_requested", "prompt_changed")
+
+
+class PolicyCallError(DreamZeroError):
+    """A policy call failed; `reason` is one of FAILURE_REASONS, `detail` what happened."""
+
+    code = "policy_call_failed"
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+class ChunkRejected(PolicyCallError, ValueError):
+    """The reply is not a usable chunk (shape, dtype, non-finite values, too few rows)."""
+
+    def __init__(self, detail: str, field: str = "actions"):
+        super().__init__("bad_chunk", detail)
+        self.field = field
+
+
+def validate_chunk(actions: Any, action_dim: int = droid.ACTION_DIM, min_rows: int = 1) -> np.ndarray:
+    """A finite float64 [H, action_dim] array with H >= min_rows (a batch of one is unwrapped), else ChunkRejected."""
+    arr = np.asarray(actions) if isinstance(actions, np.ndarray | list | tuple) else None
+    if arr is None or arr.dtype.kind not in "fiu":
+        got = type(actions).__name__ if arr is None else f"dtype {arr.dtype}"
+        raise ChunkRejected(f"actions: expected a real numeric array, got {got}")
+    if arr.ndim == 3 and arr.shape[0] == 1:
+        arr = arr[0]
+    if arr.ndim != 2 or arr.shape[1] != action_dim:
+        raise ChunkRejected(f"actions: expected shape (H, {action_dim}), got {arr.shape}")
+    if arr.shape[0] < min_rows:
+        raise ChunkRejected(f"actions: expected at least {min_rows} rows, got {arr.shape[0]}")
+    arr = arr.astype(np.float64)
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        raise ChunkRejected(f"actions: {int(bad.sum())} non-finite values (first at row {row}, column {col})")
+    return arr
+
+
+def classify_failure(exc: BaseException) -> str:
+    """The FAILURE_REASONS entry of a client exception, by the kind of failure (names keep transports optional)."""
+    if isinstance(exc, PolicyCallError):
+        return exc.reason
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if isinstance(exc, TimeoutError) or names & {"ReplyTimeout", "TimeoutException"}:
+        return "timeout"
+    if "ProtocolError" in names:  # the reply could not be read as actions
+        return "bad_chunk"
+    if "ServerError" in names:  # the server answered with an error (4xx, error frame, text frame)
+        return "error_reply"
+    transport = {"ServerUnavailableError", "ConnectionClosed", "InvalidHandshake", "InvalidStatus", "TransportError"}
+    if isinstance(exc, ConnectionError | OSError | EOFError) or names & transport:
+        return "server_unreachable"
+    return "error_reply"
+
+
+def as_call_error(exc: BaseException) -> PolicyCallError:
+    if isinstance(exc, PolicyCallError):
+        return exc
+    return PolicyCallError(classify_failure(exc), f"{type(exc).__name__}: {exc}")
+
+
+@dataclass(frozen=True)
+class Query:
+    """What a link sends: the frames of one query and the session's continuity fields."""
+
+    session_id: str
+    prompt: str
+    frames: list[droid.Frame]  # 1 on a session's first query, else 4 at droid.FRAME_OFFSETS
+    first_call: bool
+    expected_step: int | None = None  # `step` of the session's last reply
+    expected_incarnation: str | None = None  # `incarnation` of the session's last reply
+
+
+@dataclass(frozen=True)
+class LinkReply:
+    actions: Any  # checked by the policy
+    session: dict | None = None  # the server's session report (session_id, step, incarnation, restarted, ...)
+    timings: dict = field(default_factory=dict)  # ms per server stage
+
+
+@runtime_checkable
+class Link(Protocol):
+    name: str
+
+    def send(self, query: Query) -> LinkReply: ...
+
+    def reset(self, session_id: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Chunk:
+    actions: np.ndarray  # float64 [H, 8]: 7 absolute joint targets (rad) + gripper in [0, 1]
+    latency_ms: float  # round trip of the query, as the client saw it
+    session_id: str
+    session: dict | None = None  # the server's session report, when the link carries one
+    timings: dict = field(default_factory=dict)
+    restarted: str | None = None  # why the server restarted a running session (state lost), else None
+
+
+@runtime_checkable
+class BasePolicy(Protocol):
+    def infer(self, obs: dict) -> Chunk: ...
+
+    def reset(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class DroidPolicy:
+    """One DROID session at a time over any `Link`. Thread-safe enough for one background query (prefetch)."""
+
+    def __init__(
+        self,
+        link: Link,
+        prompt: str | None = None,
+        image_hw: tuple[int, int] = droid.IMAGE_HW,
+        min_rows: int = 1,
+        session_prefix: str = "droid",
+    ):
+        if prompt is not None and not prompt.strip():
+            raise InvalidObservation("prompt: expected a non-empty instruction", field="prompt")
+        self.link, self.prompt, self.image_hw, self.min_rows = link, prompt, image_hw, min_rows
+        self.session_prefix = session_prefix
+        self.history = droid.FrameHistory()
+        self._lock = threading.Lock()
+        self._new_session()
+
+    @property
+    def name(self) -> str:
+        return getattr(self.link, "name", type(self.link).__name__)
+
+    def _new_session(self) -> None:
+        self.session_id = f"{self.session_prefix}-{uuid.uuid4().hex}"
+        self.history.clear()
+        self.calls = 0
+        self._last_step: int | None = None
+        self._last_incarnation: str | None = None
+
+    # 1. Queries ------------------------------------------------------------------------------------------------
+    def observe(self, obs: dict) -> None:
+        """Record a control step that does not query (the frame history holds one frame per step)."""
+        frame = droid.make_frame(obs, self.image_hw)
+        with self._lock:
+            self.history.append(frame)
+
+    def request(self, obs: dict) -> Query:
+        """Record `obs` and build its query now (a background `send` then uses this step's frames)."""
+        prompt = obs.get("prompt", self.prompt) if isinstance(obs, dict) else self.prompt
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InvalidObservation("prompt: expected a non-empty instruction", field="prompt")
+        frame = droid.make_frame(obs, self.image_hw)
+        with self._lock:
+            self.history.append(frame)
+            first = self.calls == 0
+            self.calls += 1
+            frames = self.history.select(first)
+            return Query(self.session_id, prompt, frames, first, self._last_step, self._last_incarnation)
+
+    def send(self, query: Query) -> Chunk:
+        start = time.perf_counter()
+        try:
+            reply = self.link.send(query)
+        except Exception as exc:  # translated, never swallowed: the caller ends the episode with the reason
+            raise as_call_error(exc) from exc
+        latency_ms = (time.perf_counter() - start) * 1e3
+        actions = validate_chunk(reply.actions, min_rows=self.min_rows)
+        return Chunk(actions, latency_ms, query.session_id, reply.session, dict(reply.timings or {}),
+                     self._continuity(query, reply.session))  # fmt: skip
+
+    def infer(self, obs: dict) -> Chunk:
+        return self.send(self.request(obs))
+
+    def _continuity(self, query: Query, report: dict | None) -> str | None:
+        """Keep the step and incarnation of the last reply; say why a running session was restarted, if it was."""
+        if not isinstance(report, dict):
+            return None
+        with self._lock:
+            if query.session_id != self.session_id:
+                return None  # a late reply of a session that was reset meanwhile
+            if isinstance(report.get("step"), int):
+                self._last_step = report["step"]
+            if isinstance(report.get("incarnation"), str):
+                self._last_incarnation = report["incarnation"]
+        reason = report.get("restart_reason")
+        if query.first_call or not report.get("restarted") or reason in CLIENT_RESTARTS:
+            return None
+        log.warning("session %s was restarted by the server (%s): its video history is lost", query.session_id, reason)
+        return str(reason or "restarted")
+
+    # 2. Sessions -----------------------------------------------------------------------------------------------
+    def reset(self) -> None:
+        """Release the current session on the server (if it was used) and start a new one with a new id."""
+        with self._lock:
+            old, used = self.session_id, self.calls > 0
+            self._new_session()
+        if used:
+            try:
+                self.link.reset(old)
+            except Exception as exc:
+                raise as_call_error(exc) from exc
+
+    def close(self) -> None:
+        self.link.close()
+
+    def __enter__(self) -> DroidPolicy:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
