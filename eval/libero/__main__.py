@@ -1,0 +1,5 @@
+import sys
+
+from eval.libero.cli import main
+
+sys.exit(main())
