@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up everything on a fresh machine: a virtualenv in .venv with the project, its test tools and the sim extras.
+# Set up everything on a fresh machine: a virtualenv in .venv with the project, its test tools and the sim extras
+# (MuJoCo DROID scene and LIBERO; DREAMZERO_SKIP_LIBERO=1 leaves LIBERO out, it downloads ~360 MB of scene assets).
 # On a machine without an NVIDIA GPU we install the CPU build of torch first (small and fast); with a GPU, pip picks
 # the CUDA build that `torch>=2.4` resolves to.
 set -euo pipefail
@@ -11,7 +12,15 @@ if ! command -v nvidia-smi >/dev/null 2>&1 && ! .venv/bin/python -c "import torc
   # where a local CPU wheel of 2.13.0 is offered (as on our CI machines) this takes seconds; else pip resolves below
   .venv/bin/pip install -q "torch==2.13.0" || echo "torch==2.13.0 not available: letting pip resolve torch>=2.4"
 fi
-.venv/bin/pip install -q -e ./clients -e ".[sim,dev]"
+if [ "${DREAMZERO_SKIP_LIBERO:-0}" = "1" ]; then
+  .venv/bin/pip install -q -e ./clients -e ".[sim,dev]"
+else
+  # lean LIBERO: its run-time needs and scene assets, then hf-libero without its training stack (docs/libero.md)
+  .venv/bin/pip install -q -e ./clients -e ".[sim,dev,libero-runtime]"
+  .venv/bin/pip install -q --no-deps "hf-libero==0.1.4"
+  # LIBERO's config.yaml in our cache (no prompt on import), pointing at the installed assets: runs need no network
+  .venv/bin/python -m eval.libero.offline
+fi
 # Headless rendering for the MuJoCo scene (Mesa EGL); best effort, the libraries are usually already present.
 if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = "0" ]; then
   if ! ldconfig -p | grep -q libEGL_mesa; then

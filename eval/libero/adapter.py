@@ -2,8 +2,8 @@
 
 A LIBERO observation (robosuite's dict) becomes a `LiberoFrame`: both camera images turned upright (the renderer's
 images are upside down and mirrored: rotate by 180 degrees, as openpi and RLinf do) and the 8-dim `libero_sim` state
-(eef position 3, eef orientation as axis-angle 3, gripper fingers 2). B frames become the body of one request in
-either form the server speaks:
+(eef position 3, eef orientation as axis-angle 3, gripper fingers 2). B frame stacks (T = 1 frame, or 4 spanning the
+last chunk) become the body of one request in either form the server speaks:
 - "raw": the `libero_sim` keys at environment scale; the server crops, resizes, stitches, normalises, and answers
   LIBERO actions [B, H, 7] with the gripper already -1/+1;
 - "normalised": what RLinf's DreamZero adapter sends: the stitched 256x512 canvas, the q99-normalised state padded
@@ -28,6 +28,10 @@ STATE_DIM = 8
 LIBERO_EMBODIMENT_ID = 21
 IMAGE_KEY = "agentview_image"
 WRIST_KEY = "robot0_eye_in_hand_image"
+#: frames of a 4-frame stack, as offsets from the current step: the first at the start of the 16-step chunk just
+#: executed, evenly spaced to the current frame (the DROID client spans its 24-step chunk the same way: -23..0)
+FRAME_OFFSETS = (-15, -10, -5, 0)
+HISTORY_LEN = -FRAME_OFFSETS[0] + 1
 #: keep the gripper open and the arm still while objects settle after an init state is set (as openpi's LIBERO eval)
 SETTLE_ACTION = np.array([0, 0, 0, 0, 0, 0, -1.0])
 
@@ -95,14 +99,27 @@ def frame_from_obs(obs: dict[str, Any]) -> LiberoFrame:
     return LiberoFrame(images[IMAGE_KEY], images[WRIST_KEY], state, joints)
 
 
-def raw_observation(frames: Sequence[LiberoFrame]) -> dict[str, np.ndarray]:
-    """B frames -> the raw `libero_sim` observation: one row per environment."""
-    if not frames:
-        raise ValueError("frames: expected at least one environment's frame")
+def frame_stack(history: Sequence[LiberoFrame], size: int) -> list[LiberoFrame]:
+    """The frames one row sends, oldest first: the current frame (size 1), or the frames at FRAME_OFFSETS, the
+    oldest available one standing in for steps before the episode began (a fresh episode repeats its first frame)."""
+    if not history:
+        raise ValueError("history: expected at least the current frame")
+    if size == 1:
+        return [history[-1]]
+    if size != len(FRAME_OFFSETS):
+        raise ConfigError(f"frame_stack: expected 1 or {len(FRAME_OFFSETS)}, got {size}")
+    return [history[max(0, len(history) - 1 + off)] for off in FRAME_OFFSETS]
+
+
+def raw_observation(stacks: Sequence[Sequence[LiberoFrame]]) -> dict[str, np.ndarray]:
+    """B frame stacks (T frames each, the current one last) -> the raw `libero_sim` observation, one row per env:
+    images [B, T, H, W, 3] and the current state [B, 8]."""
+    if not stacks or any(len(s) != len(stacks[0]) or not s for s in stacks):
+        raise ValueError("stacks: expected one non-empty frame stack per environment, all of the same length")
     return {
-        "video.image": np.stack([f.image for f in frames]),
-        "video.wrist_image": np.stack([f.wrist_image for f in frames]),
-        "state.state": np.stack([f.state for f in frames]),
+        "video.image": np.stack([[f.image for f in s] for s in stacks]),
+        "video.wrist_image": np.stack([[f.wrist_image for f in s] for s in stacks]),
+        "state.state": np.stack([s[-1].state for s in stacks]),
     }
 
 
@@ -134,16 +151,17 @@ class RequestCodec:
 
             self.embodiment = get_embodiment("libero_sim", metadata)
 
-    def build(self, frames: Sequence[LiberoFrame], instructions: Sequence[str]) -> PreparedRequest:
-        if len(instructions) != len(frames):
-            raise ValueError(f"instructions: expected {len(frames)} (one per environment), got {len(instructions)}")
-        raw = raw_observation(frames)
+    def build(self, stacks: Sequence[Sequence[LiberoFrame]], instructions: Sequence[str]) -> PreparedRequest:
+        """One request from B frame stacks (see `frame_stack`) and B task instructions."""
+        if len(instructions) != len(stacks):
+            raise ValueError(f"instructions: expected {len(stacks)} (one per environment), got {len(instructions)}")
+        raw = raw_observation(stacks)
         if self.embodiment is None:
             return PreparedRequest(raw, list(instructions), None, "raw")
         batch, context = self.embodiment.preprocess(raw, list(instructions), batched=True)
-        b = len(frames)
+        b = len(stacks)
         observation = {
-            "images": batch.images,  # uint8 [B, 1, 256, 512, 3]
+            "images": batch.images,  # uint8 [B, T, 256, 512, 3]
             "state": batch.state,  # float32 [B, 1, 64]
             "state_mask": batch.state_mask,  # bool [B, 1, 64]
             "embodiment_id": np.full((b,), LIBERO_EMBODIMENT_ID, dtype=np.int64),

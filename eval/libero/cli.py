@@ -49,6 +49,9 @@ def add_libero_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-envs", type=int, default=8, help="B: environments stepped together, rows per request")
     g.add_argument("--form", choices=FORMS, default="raw", help="request form: raw libero_sim keys or RLinf-normalised")
     g.add_argument("--metadata", default=None, help="libero_sim statistics for --form normalised (file or ckpt dir)")
+    g.add_argument(
+        "--frames", type=int, choices=(1, 4), default=None, help="frames per row (default: 4 raw, 1 normalised)"
+    )
     g.add_argument("--action-chunk", type=int, default=16, help="actions executed open loop per request")
     g.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the suite's)")
     g.add_argument("--settle-steps", type=int, default=10, help="still steps after reset (objects settle)")
@@ -93,6 +96,7 @@ def config_from_args(ns: argparse.Namespace):
         num_envs=ns.num_envs,
         form=ns.form,
         action_chunk=ns.action_chunk,
+        frame_stack=ns.frames,
         max_steps=ns.max_steps,
         settle_steps=ns.settle_steps,
         step_timeout_s=ns.step_timeout_s,

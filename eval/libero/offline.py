@@ -109,3 +109,8 @@ def point_libero_at_assets(assets_dir: Path) -> None:
     if "libero.libero" not in sys.modules:
         import libero.libero  # noqa: F401  (config.yaml exists by now: no prompt)
     sys.modules["libero.libero"]._assets_path_cache = str(assets_dir)
+
+
+if __name__ == "__main__":  # `python -m eval.libero.offline`: what scripts/install.sh runs once
+    assets = prepare_offline()
+    print(f"LIBERO ready offline: config {os.environ[CONFIG_ENV]}/config.yaml, assets {assets}")

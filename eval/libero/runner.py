@@ -25,7 +25,16 @@ import numpy as np
 
 from dreamzero.errors import ConfigError
 from eval.images import side_by_side
-from eval.libero.adapter import FORMS, ChunkError, LiberoFrame, PreparedRequest, RequestCodec
+from eval.libero.adapter import (
+    FORMS,
+    FRAME_OFFSETS,
+    HISTORY_LEN,
+    ChunkError,
+    LiberoFrame,
+    PreparedRequest,
+    RequestCodec,
+    frame_stack,
+)
 from eval.libero.env import CONTROL_HZ, TaskInfo, default_max_steps
 from eval.libero.workers import EnvFailure, EnvWorker
 from eval.recording import EpisodeRecorder, configure_ffmpeg, to_jsonable
@@ -44,6 +53,9 @@ class LiberoEvalConfig:
     num_envs: int = 8  # B: environments stepped together, rows of one request
     form: str = "raw"  # "raw" (libero_sim keys) or "normalised" (RLinf's client-side normalisation)
     action_chunk: int = 16  # actions executed open loop per request (the libero_sim horizon)
+    # frames per row: 4 (a stack over the last chunk: the session continues on the server) or 1 (the current frame:
+    # the server restarts the session from it every chunk, as with RLinf's adapter); None: 4 raw, 1 normalised
+    frame_stack: int | None = None
     max_steps: int | None = None  # None: the suite's published limit (220 for LIBERO-Spatial)
     settle_steps: int = 10  # still steps after setting the init state, not counted as episode steps
     step_timeout_s: float = 60.0  # one lockstep step of all envs (the first step of a fresh env compiles: slow)
@@ -62,11 +74,19 @@ class LiberoEvalConfig:
             raise ConfigError(f"form: expected one of {list(FORMS)}, got {self.form!r}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"max_steps: expected >= 1 or None, got {self.max_steps}")
+        if self.frame_stack not in (None, 1, len(FRAME_OFFSETS)):
+            raise ConfigError(f"frame_stack: expected 1, {len(FRAME_OFFSETS)} or None, got {self.frame_stack}")
         if self.settle_steps < 0:
             raise ConfigError(f"settle_steps: expected >= 0, got {self.settle_steps}")
         for name in ("step_timeout_s", "reset_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}: expected > 0, got {getattr(self, name)}")
+
+    @property
+    def frames_per_row(self) -> int:
+        if self.frame_stack is not None:
+            return self.frame_stack
+        return len(FRAME_OFFSETS) if self.form == "raw" else 1
 
     @property
     def step_limit(self) -> int:
@@ -139,7 +159,7 @@ class Episode:
     name: str
     session_id: str
     recorder: LiberoRecorder
-    frame: LiberoFrame | None = None
+    history: deque = field(default_factory=lambda: deque(maxlen=HISTORY_LEN))  # LiberoFrames, current last
     steps: int = 0
     success_once: bool = False
     success_step: int | None = None
@@ -242,8 +262,9 @@ class LiberoEvaluation:
         deadline = time.monotonic() + self.config.reset_timeout_s
         for slot in starting:
             try:
-                slot.episode.frame, _ = slot.worker.receive(deadline)
-                slot.episode.recorder.add_frame(slot.episode.frame)
+                frame, _ = slot.worker.receive(deadline)
+                slot.episode.history.append(frame)
+                slot.episode.recorder.add_frame(frame)
             except EnvFailure as exc:
                 self._fail_worker(slot, exc)
 
@@ -253,7 +274,9 @@ class LiberoEvaluation:
         started = time.perf_counter()
         prepared: PreparedRequest | None = None
         try:
-            prepared = self.codec.build([ep.frame for ep in episodes], [ep.task.instruction for ep in episodes])
+            n = self.config.frames_per_row
+            stacks = [frame_stack(ep.history, n) for ep in episodes]
+            prepared = self.codec.build(stacks, [ep.task.instruction for ep in episodes])
             result = self.client.generate(
                 prepared.observation,
                 prepared.prompts,
@@ -299,21 +322,22 @@ class LiberoEvaluation:
             for slot in sent:
                 ep = slot.episode
                 try:
-                    ep.frame, success = slot.worker.receive(deadline)
+                    frame, success = slot.worker.receive(deadline)
                 except EnvFailure as exc:
                     self._fail_worker(slot, exc)
                     continue
                 ep.step_wall_s.append(time.perf_counter() - t0)
-                ep.recorder.add_frame(ep.frame)
+                ep.history.append(frame)
+                ep.recorder.add_frame(frame)
                 ep.recorder.add_step(
                     {
                         "step": ep.steps,
                         "queried": row == 0,
                         "chunk_row": row,
                         "action": ep.chunk[row],
-                        "state": ep.frame.state,
-                        "joint_position": ep.frame.joint_position,
-                        "gripper_position": ep.frame.state[6:7],  # first finger (m): the report's gripper trace
+                        "state": frame.state,
+                        "joint_position": frame.joint_position,
+                        "gripper_position": frame.state[6:7],  # first finger (m): the report's gripper trace
                         "success": success,
                     }
                 )
@@ -363,6 +387,7 @@ def summarize_libero(records: list[dict], config: LiberoEvalConfig, request_late
     cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
     cfg["open_loop_horizon"] = config.action_chunk  # the name the report reads
     cfg["max_steps"] = config.step_limit
+    cfg["frame_stack"] = config.frames_per_row
     cfg["extra"] = {"simulator": "libero", "benchmark": "LIBERO", **config.extra}
     summary["config"] = to_jsonable(cfg)
     summary["episode_records"] = [

@@ -12,7 +12,14 @@ import pytest
 
 from dreamzero.errors import ConfigError, InvalidObservation
 from dreamzero_client.errors import BadRequestError, ServerUnavailableError
-from eval.libero.adapter import ChunkError, RequestCodec, flip_upright, frame_from_obs, quat_xyzw_to_axis_angle
+from eval.libero.adapter import (
+    ChunkError,
+    RequestCodec,
+    flip_upright,
+    frame_from_obs,
+    frame_stack,
+    quat_xyzw_to_axis_angle,
+)
 from eval.libero.cli import parse_index_ranges
 from eval.libero.env import TaskInfo
 from eval.libero.runner import LiberoEvalConfig, plan_episodes, run_libero_evaluation
@@ -70,20 +77,33 @@ def test_frame_from_obs_flips_both_views_and_builds_the_8_dim_state():
 
 def test_raw_request_has_one_row_per_env():
     frames = [frame_from_obs(_obs(pos=(i, 0, 0))) for i in range(3)]
-    prepared = RequestCodec("raw").build(frames, ["a", "b", "c"])
+    prepared = RequestCodec("raw").build([[f] for f in frames], ["a", "b", "c"])
     obs = prepared.observation
     assert prepared.form == "raw" and prepared.prompts == ["a", "b", "c"] and prepared.negative_prompts is None
-    assert obs["video.image"].shape == (3, 16, 16, 3) and obs["video.image"].dtype == np.uint8
-    assert obs["video.wrist_image"][1, 0, 0, 0] == MARKER
+    assert obs["video.image"].shape == (3, 1, 16, 16, 3) and obs["video.image"].dtype == np.uint8
+    assert obs["video.wrist_image"][1, 0, 0, 0, 0] == MARKER
     np.testing.assert_allclose(obs["state.state"][:, 0], [0, 1, 2])
     with pytest.raises(ValueError, match="instructions"):
-        RequestCodec("raw").build(frames, ["a"])
+        RequestCodec("raw").build([[f] for f in frames], ["a"])
+    stacked = RequestCodec("raw").build([frames, frames[::-1]], ["a", "b"]).observation
+    assert stacked["video.image"].shape == (2, 3, 16, 16, 3)
+    np.testing.assert_allclose(stacked["state.state"][:, 0], [2, 0])  # the state is the current (last) frame's
+
+
+def test_frame_stack_spans_the_last_chunk_and_pads_a_fresh_episode():
+    history = [frame_from_obs(_obs(pos=(i, 0, 0))) for i in range(20)]
+    assert [f.state[0] for f in frame_stack(history, 4)] == [4, 9, 14, 19]
+    assert [f.state[0] for f in frame_stack(history[:3], 4)] == [0, 0, 0, 2]
+    assert [f.state[0] for f in frame_stack(history[:1], 4)] == [0, 0, 0, 0]
+    assert [f.state[0] for f in frame_stack(history, 1)] == [19]
+    with pytest.raises(ConfigError, match="frame_stack"):
+        frame_stack(history, 2)
 
 
 def test_normalised_request_is_what_rlinf_sends():
     codec = RequestCodec("normalised")
     frames = [frame_from_obs(_obs()) for _ in range(2)]
-    prepared = codec.build(frames, ["pick up the bowl", "open the drawer"])
+    prepared = codec.build([[f] for f in frames], ["pick up the bowl", "open the drawer"])
     obs = prepared.observation
     assert prepared.form == "normalised"
     assert obs["images"].shape == (2, 1, 256, 512, 3) and obs["images"].dtype == np.uint8
@@ -101,7 +121,7 @@ def test_normalised_request_is_what_rlinf_sends():
 
 def test_raw_actions_are_validated_and_clipped():
     codec = RequestCodec("raw")
-    prepared = codec.build([frame_from_obs(_obs())] * 2, ["a", "b"])
+    prepared = codec.build([[frame_from_obs(_obs())]] * 2, ["a", "b"])
     actions = np.zeros((2, 16, 7), dtype=np.float32)
     actions[0, 0, 0] = 3.0
     out = codec.actions(actions, prepared)
@@ -117,7 +137,7 @@ def test_raw_actions_are_validated_and_clipped():
 
 def test_normalised_actions_are_unnormalised_with_the_gripper_binarised():
     codec = RequestCodec("normalised")
-    prepared = codec.build([frame_from_obs(_obs())] * 2, ["a", "b"])
+    prepared = codec.build([[frame_from_obs(_obs())]] * 2, ["a", "b"])
     reply = np.zeros((2, 16, 32), dtype=np.float32)
     reply[0, :, 6] = 0.9
     reply[1, :, 6] = -0.9
@@ -161,7 +181,16 @@ class FakeClient:
     forgotten: list = field(default_factory=list)
 
     def generate(self, observation, prompts, session_ids, form="raw", reset=None, seed=None, **kw):
-        self.calls.append({"ids": list(session_ids), "reset": list(reset), "form": form, "prompts": list(prompts)})
+        images = observation["video.image"] if form == "raw" else observation["images"]
+        self.calls.append(
+            {
+                "ids": list(session_ids),
+                "reset": list(reset),
+                "form": form,
+                "prompts": list(prompts),
+                "t": images.shape[1],
+            }
+        )
         if len(self.calls) in self.fail_calls:
             raise self.fail_calls[len(self.calls)]
         b = len(session_ids)
@@ -198,7 +227,7 @@ def test_b_envs_share_one_request_and_success_once_is_kept_per_task(tmp_path):
         for sid, reset in zip(call["ids"], call["reset"]):
             assert reset == (sid not in seen)
             seen.add(sid)
-    assert summary["requests"] == len(client.calls)
+    assert summary["requests"] == len(client.calls) and {c["t"] for c in client.calls} == {4}  # raw: 4-frame stacks
     rec = json.loads((tmp_path / "episodes" / "task00_init001.json").read_text())
     assert rec["success_once"] and rec["success_step"] == 3 and rec["num_steps"] == 3
     assert [s["chunk_row"] for s in rec["steps"]] == [0, 1, 2] and len(rec["steps"][0]["action"]) == 7
@@ -237,6 +266,14 @@ def test_a_failed_request_fails_its_rows_and_the_run_goes_on(tmp_path):
     # call 1 (task 0's episodes) fails at once; call 2 starts task 1's episodes; call 3 fails them after one chunk
     assert reasons == [("error_reply", 4), ("error_reply", 4), ("server_unreachable", 0), ("server_unreachable", 0)]
     assert summary["episodes"] == 4 and summary["requests"] == 1  # failed requests are not timed as calls
+
+
+def test_normalised_form_sends_one_frame_per_row_by_default(tmp_path):
+    client = FakeClient()
+    summary = run_libero_evaluation(FakeBackend(num_init_states=1), client, _config(tmp_path, form="normalised"))
+    assert summary["episodes"] == 2 and summary["failed_episodes"] == 0, summary["failures"]
+    assert {c["form"] for c in client.calls} == {"normalised"} and {c["t"] for c in client.calls} == {1}
+    assert all(p.startswith("A multi-view video") for c in client.calls for p in c["prompts"])
 
 
 def test_default_spawned_workers_run_an_episode(tmp_path):
