@@ -41,23 +41,29 @@ def parse_index_ranges(text: str, name: str) -> tuple[int, ...] | None:
 
 
 def add_libero_arguments(p: argparse.ArgumentParser) -> None:
-    """The LIBERO options (shared with `dreamzero-eval --sim libero`)."""
+    """The LIBERO options. Options the parser already has (`dreamzero-eval`'s --max-steps, --seed, ...) are kept as
+    they are, so `dreamzero-eval` can add these to its own parser for `--sim libero`."""
     g = p.add_argument_group("LIBERO")
-    g.add_argument("--suite", default="libero_spatial", help=f"task suite ({', '.join(SUITE_MAX_STEPS)})")
-    g.add_argument("--tasks", default="all", help="task ids, e.g. '0-4' or '2,7' (shard a suite by tasks)")
-    g.add_argument("--init-states", default="all", help="init-state indexes per task, e.g. '0-24' (shard by states)")
-    g.add_argument("--num-envs", type=int, default=8, help="B: environments stepped together, rows per request")
-    g.add_argument("--form", choices=FORMS, default="raw", help="request form: raw libero_sim keys or RLinf-normalised")
-    g.add_argument("--metadata", default=None, help="libero_sim statistics for --form normalised (file or ckpt dir)")
-    g.add_argument(
-        "--frames", type=int, choices=(1, 4), default=None, help="frames per row (default: 4 raw, 1 normalised)"
-    )
-    g.add_argument("--action-chunk", type=int, default=16, help="actions executed open loop per request")
-    g.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the suite's)")
-    g.add_argument("--settle-steps", type=int, default=10, help="still steps after reset (objects settle)")
-    g.add_argument("--resolution", type=int, default=DEFAULT_RESOLUTION, help="camera height = width")
-    g.add_argument("--step-timeout-s", type=float, default=60.0, help="bound on one step of all envs")
-    g.add_argument("--reset-timeout-s", type=float, default=600.0, help="bound on starting episodes (env creation)")
+
+    def add(*names: str, **kw) -> None:
+        if not any(n in p._option_string_actions for n in names):  # argparse has no public lookup
+            g.add_argument(*names, **kw)
+
+    add("--suite", default="libero_spatial", help=f"task suite ({', '.join(SUITE_MAX_STEPS)})")
+    add("--tasks", default="all", help="task ids, e.g. '0-4' or '2,7' (shard a suite by tasks)")
+    add("--init-states", default="all", help="init-state indexes per task, e.g. '0-24' (shard by states)")
+    add("--num-envs", type=int, default=8, help="B: environments stepped together, rows per request")
+    add("--form", choices=FORMS, default="raw", help="request form: raw libero_sim keys or RLinf-normalised")
+    add("--metadata", default=None, help="libero_sim statistics for --form normalised (file or ckpt dir)")
+    add("--frames", type=int, choices=(1, 4), default=None, help="frames per row (default: 4 raw, 1 normalised)")
+    add("--action-chunk", type=int, default=16, help="actions executed open loop per request")
+    add("--max-steps", type=int, default=None, help="step limit per episode (default: the suite's)")
+    add("--settle-steps", type=int, default=10, help="still steps after reset (objects settle)")
+    add("--resolution", type=int, default=DEFAULT_RESOLUTION, help="camera height = width")
+    add("--step-timeout-s", type=float, default=60.0, help="bound on one step of all envs")
+    add("--reset-timeout-s", type=float, default=600.0, help="bound on starting episodes (env creation)")
+    add("--max-retries", type=int, default=2, help="retries of a failed request")
+    add("--ready-timeout-s", type=float, default=300.0, help="wait this long for the server's /health first")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,8 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--api-key", default=None)
     g.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout")
-    g.add_argument("--max-retries", type=int, default=2, help="retries of a failed request")
-    g.add_argument("--ready-timeout-s", type=float, default=300.0, help="wait this long for /health first")
     g.add_argument("--seed", type=int, default=0, help="base of the per-row request seeds")
     g = p.add_argument_group("outputs")
     g.add_argument("--out", type=Path, default=None, help="run directory (default runs/libero-eval-<time>)")

@@ -280,3 +280,22 @@ def test_default_spawned_workers_run_an_episode(tmp_path):
     cfg = _config(tmp_path, num_envs=1, start_method="spawn", task_ids=(0,), init_states=(0,), reset_timeout_s=120)
     summary = run_libero_evaluation(FakeBackend(), FakeClient(), cfg)
     assert summary["successes"] == 1, summary["failures"]
+
+
+def test_libero_options_compose_with_the_dreamzero_eval_parser(tmp_path):
+    """`dreamzero-eval --sim libero` can reuse these options; shared ones (--max-steps, --seed, --out) stay its own."""
+    from eval.cli import build_parser as droid_parser
+    from eval.libero.cli import add_libero_arguments, build_parser, config_from_args
+
+    p = droid_parser()
+    add_libero_arguments(p)
+    ns = p.parse_args(["--tasks", "1-2", "--init-states", "0", "--max-steps", "32", "--out", str(tmp_path)])
+    config = config_from_args(ns)
+    assert config.task_ids == (1, 2) and config.init_states == (0,) and config.max_steps == 32
+    assert config.out_dir == tmp_path and config.frames_per_row == 4 and config.step_limit == 32
+    own = build_parser().parse_args(["--form", "normalised", "--num-envs", "4"])
+    config = config_from_args(own)
+    assert config.form == "normalised" and config.num_envs == 4 and config.frames_per_row == 1
+    assert config.step_limit == 220  # LIBERO-Spatial's published limit
+    with pytest.raises(ConfigError, match="num_envs"):
+        config_from_args(build_parser().parse_args(["--num-envs", "0"]))
