@@ -54,12 +54,14 @@ def _plot_joints(steps: list[dict], title: str, path: Path) -> None:
     if steps:
         t = [s["step"] for s in steps]
         joints = np.array([s["joint_position"] for s in steps])
-        targets = np.array([s["action"][:7] for s in steps])
+        # joint-target actions (DROID) are drawn over the joints; other action spaces (LIBERO's eef deltas) are not
+        targets = np.array([s["action"][:-1] for s in steps])
         for j in range(joints.shape[1]):
             (line,) = ax_j.plot(t, joints[:, j], label=f"q{j + 1}")
-            ax_j.plot(t, targets[:, j], color=line.get_color(), linestyle=":", linewidth=0.8)
+            if targets.shape[1] == joints.shape[1]:
+                ax_j.plot(t, targets[:, j], color=line.get_color(), linestyle=":", linewidth=0.8)
         ax_g.plot(t, [s["gripper_position"][0] for s in steps], label="gripper state")
-        ax_g.plot(t, [s["action"][7] for s in steps], linestyle=":", label="command")
+        ax_g.plot(t, [s["action"][-1] for s in steps], linestyle=":", label="command")
         queried = [s["step"] for s in steps if s["queried"]]
         for ax in (ax_j, ax_g):
             for q in queried:
@@ -116,11 +118,12 @@ def write_report(run_dir: Path) -> Path:
             f'{video}<br><img src="plots/{plot.name}">'
         )
     simulator = str(summary["config"].get("extra", {}).get("simulator", "?"))
+    benchmark = esc(str(summary["config"].get("extra", {}).get("benchmark", "DROID")))
     page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>DROID evaluation</title>
+<html><head><meta charset="utf-8"><title>{benchmark} evaluation</title>
 <style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto}} table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:4px 8px}}</style></head><body>
-<h1>DROID evaluation: {summary["successes"]}/{summary["episodes"]} successful</h1>
+<h1>{benchmark} evaluation: {summary["successes"]}/{summary["episodes"]} successful</h1>
 <p>Policy link: <b>{esc(str(summary.get("policy_link")))}</b>; simulator: {esc(simulator)};
 open-loop horizon {summary["config"]["open_loop_horizon"]}; {summary["steps"]} steps; {summary["server_calls"]} server
 calls; latency {lat_line}. Failed episodes: {summary["failed_episodes"]}.</p>

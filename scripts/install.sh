@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh machine: a virtualenv in .venv with the light client package (./clients), the project,
-# its test tools and the sim extras. test.sh and serve.sh call this first; it returns at once when nothing changed.
+# its test tools and the sim extras (MuJoCo DROID scene and LIBERO; DREAMZERO_SKIP_LIBERO=1 leaves LIBERO out, it
+# downloads ~360 MB of scene assets). test.sh and serve.sh call this first; it returns at once when nothing changed.
 # On a machine without an NVIDIA GPU we install the CPU build of torch first (small and fast); with a GPU, pip picks
 # the CUDA build that `torch>=2.4` resolves to.
 set -euo pipefail
@@ -17,7 +18,15 @@ if ! command -v nvidia-smi >/dev/null 2>&1 && ! .venv/bin/python -c "import torc
   # where a local CPU wheel of 2.13.0 is offered (as on our CI machines) this takes seconds; else pip resolves below
   .venv/bin/pip install -q "torch==2.13.0" || echo "torch==2.13.0 not available: letting pip resolve torch>=2.4"
 fi
-.venv/bin/pip install -q -e ./clients -e ".[sim,dev]"
+if [ "${DREAMZERO_SKIP_LIBERO:-0}" = "1" ]; then
+  .venv/bin/pip install -q -e ./clients -e ".[sim,dev]"
+else
+  # lean LIBERO: its run-time needs and scene assets, then hf-libero without its training stack (docs/libero.md)
+  .venv/bin/pip install -q -e ./clients -e ".[sim,dev,libero-runtime]"
+  .venv/bin/pip install -q --no-deps "hf-libero==0.1.4"
+  # LIBERO's config.yaml in our cache (no prompt on import), pointing at the installed assets: runs need no network
+  .venv/bin/python -m eval.libero.offline
+fi
 # openpi-client is only the reference that tests/unit/test_client_image_tools.py compares our numpy resize_with_pad
 # with, bit for bit; without its dependencies (its image_tools needs only numpy and pillow, from the sim extra)
 .venv/bin/pip install -q --no-deps "openpi-client==0.1.2"
