@@ -48,7 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dreamzero-eval", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     g = p.add_argument_group("simulation")
-    g.add_argument("--sim", choices=("mujoco", "isaac"), default="mujoco", help="simulator behind the env contract")
+    g.add_argument(
+        "--sim",
+        choices=("mujoco", "isaac", "libero"),
+        default="mujoco",
+        help="simulator: the MuJoCo DROID scene, Isaac Lab sim-evals, or LIBERO (docs/libero.md)",
+    )
     g.add_argument("--scenes", type=int, nargs="+", choices=(1, 2, 3), default=[1, 2, 3], help="DROID scenes to run")
     g.add_argument("--episodes", type=int, default=1, help="episodes per scene")
     g.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the env's, 450)")
@@ -98,12 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar=("OBJECT", "TARGET"),
         help="rigid-object names in the Isaac scene used by the success rule",
     )
+    from eval.libero.cli import add_libero_arguments  # --suite, --tasks, --init-states, --num-envs, --form, ...
+
+    add_libero_arguments(p)
     return p
 
 
 def parse_args(argv: list[str] | None = None) -> CliArgs:
-    ns = build_parser().parse_args(argv)
-    args = CliArgs(**vars(ns))
+    return droid_args(build_parser().parse_args(argv))
+
+
+def droid_args(ns: argparse.Namespace) -> CliArgs:
+    """The DROID options out of a parsed namespace (the LIBERO options, used only with `--sim libero`, are dropped)."""
+    args = CliArgs(**{k: v for k, v in vars(ns).items() if k in CliArgs.__dataclass_fields__})
     if args.out is None:
         args.out = Path("runs") / time.strftime("droid-eval-%Y%m%d-%H%M%S")
     for name in ("episodes", "open_loop_horizon"):
@@ -159,8 +171,13 @@ def make_policy(args: CliArgs):
 def main(argv: list[str] | None = None) -> int:
     from eval.runner import EvalConfig, run_evaluation
 
+    ns = build_parser().parse_args(argv)
+    if ns.sim == "libero":  # B environments per request, RLinf's way (eval/libero)
+        from eval.libero.cli import run_from_args
+
+        return run_from_args(ns)
     try:
-        args = parse_args(argv)
+        args = droid_args(ns)
         policy = make_policy(args)
     except (ConfigError, MissingDependency) as exc:
         print(f"dreamzero-eval: {exc}", file=sys.stderr)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from dreamzero.errors import ConfigError
-from eval.images import side_by_side
+from dreamzero_client.image_tools import resize_with_pad
 from eval.libero.adapter import (
     FORMS,
     FRAME_OFFSETS,
@@ -147,7 +147,8 @@ class LiberoRecorder(EpisodeRecorder):
     def add_frame(self, frame: LiberoFrame) -> None:  # type: ignore[override]
         if self._writer is None:
             return
-        self._writer.add_image(side_by_side([frame.image, frame.wrist_image], *self.frame_size))
+        views = [resize_with_pad(v, *self.frame_size) for v in (frame.image, frame.wrist_image)]  # as the DROID video
+        self._writer.add_image(np.concatenate(views, axis=1))
         self.frames_written += 1
 
 
