@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -70,6 +71,8 @@ class ReplayPipeline:
         self.action_horizon = int(embodiment.action_horizon)
         self.max_action_dim = int(embodiment.max_action_dim)
         self.config = PipelineConfig()
+        # what `/v1/models` and `/v1/actions/metadata` report as the config: say plainly that no model answers
+        self.model = SimpleNamespace(config=SimpleNamespace(name="replay", embodiment_tag=embodiment.tag, dit=None))
         self.store = ReplayStore(max_sessions)
         self._lock = threading.Lock()
         recorded = self.replay.actions.astype(np.float64)
