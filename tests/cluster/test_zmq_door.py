@@ -1,5 +1,5 @@
-"""The ZeroMQ front door on a real single-node Ray cluster, driven by an RLDX-1-shaped REQ client (tests/rldx_support.py,
-its own codec), plus the served replay policy over HTTP, the OpenPI WebSocket and ZMQ, and RTC fields end to end."""
+"""The ZeroMQ front door on a real single-node Ray cluster, driven by an RLDX-1-shaped REQ client
+(tests/rldx_support.py, its own codec), plus the served replay policy over HTTP, the OpenPI WebSocket and ZMQ, and RTC fields end to end."""
 
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def test_rtc_action_prefix_reaches_the_pipeline(model_door, http, serve_cluster)
     assert resp.status_code in (400, 422) and "rtc_prefix_len" in resp.text
 
 
-# --- the replay policy on every transport ------------------------------------------------------------------------------
+# --- the replay policy on every transport ----------------------------------------------------------------------------
 def _expected(recorded: np.ndarray, start: int) -> np.ndarray:
     rows = np.minimum(np.arange(start, start + 24), len(recorded) - 1)
     out = recorded[rows].astype(np.float32)
