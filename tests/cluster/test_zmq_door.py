@@ -1,5 +1,6 @@
 """The ZeroMQ front door on a real single-node Ray cluster, driven by an RLDX-1-shaped REQ client
-(tests/rldx_support.py, its own codec), plus the served replay policy over HTTP, the OpenPI WebSocket and ZMQ, and RTC fields end to end."""
+(tests/rldx_support.py, its own codec), plus the served replay policy over HTTP, the OpenPI WebSocket and
+ZMQ, and RTC fields end to end."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def _replay_args(dataset: str, port: int, **zmq) -> dict:
             "zmq": {"port": port, "host": "127.0.0.1", **zmq}}  # fmt: skip
 
 
-# --- the model behind the door -----------------------------------------------------------------------------------------
+# --- the model behind the door ----------------------------------------------------------------------------------------
 def test_rldx_client_ping_modality_action_reset(model_door):
     client = RldxShapedClient(model_door, API_KEY, timeout_s=180)
     try:
