@@ -25,7 +25,7 @@ import numpy as np
 
 from deployments.ingress import IngressDeployment
 from deployments.preprocess import load_embodiment
-from dreamzero.errors import InvalidRequest, PayloadTooLarge, Unauthorized
+from dreamzero.errors import CapacityError, InvalidRequest, PayloadTooLarge, Unauthorized
 from dreamzero_client.wire import generations, rldx
 from serve_graph.config import AppArgs, parse_app_args
 from serve_graph.errors_http import classify
@@ -109,7 +109,7 @@ class ZmqDoor:
         self.in_flight += 1
         try:
             if self.in_flight > self.zcfg.max_in_flight:
-                raise InvalidRequest(f"the server has {self.zcfg.max_in_flight} requests in flight; retry shortly")
+                raise CapacityError(f"the server has {self.zcfg.max_in_flight} requests in flight; retry shortly")
             if len(payload) > self.zcfg.max_message_bytes:
                 raise PayloadTooLarge(f"message of {len(payload)} bytes exceeds {self.zcfg.max_message_bytes} bytes")
             request = rldx.parse_request(rldx.unpack(payload))
@@ -121,7 +121,8 @@ class ZmqDoor:
         except asyncio.TimeoutError:
             calls.cancel()
             limit = self.zcfg.request_timeout_s
-            out = rldx.pack(rldx.error_reply(f"deadline: no result within {limit:g} s (zmq.request_timeout_s); retry"))
+            message = f"deadline: no result within {limit:g} s (zmq.request_timeout_s); retry"
+            out = rldx.pack({**rldx.error_reply(message), "code": "no_capacity", "status": 503})
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error reply; the REQ client never hangs
             out = rldx.pack(self.error_body(exc))
         finally:
@@ -135,6 +136,8 @@ class ZmqDoor:
         reply = classify(exc)
         body = rldx.error_reply(reply.message)
         body.update({"code": reply.code, "status": reply.status})
+        if reply.retry_after_s is not None:
+            body["retry_after_s"] = reply.retry_after_s
         if reply.field is not None:
             body["field"] = reply.field
         return body

@@ -186,8 +186,18 @@ def test_interleaved_clients_get_their_own_replies(door):
 
 
 def test_our_client_and_the_deadline(episode):
-    door, loop, thread, port, _ = _start_door(episode[0], policy_delay_s=3.0, request_timeout_s=0.5, allow_kill=True)
+    door, loop, thread, port, _ = _start_door(
+        episode[0], policy_delay_s=3.0, request_timeout_s=0.5, allow_kill=True, max_in_flight=1
+    )
     try:
+        slow, other = RldxShapedClient(port, TOKEN), RldxShapedClient(port, TOKEN)
+        slow.send("get_action", {"observation": droid_rldx_observation(), "options": None})
+        time.sleep(0.2)
+        busy = other.call("ping", requires_input=False)  # over max_in_flight: refused at once, with a reply
+        assert busy["status"] == 503 and "in flight" in busy["error"]
+        assert "deadline" in slow.receive()["error"]
+        slow.close()
+        other.close()
         with ZmqPolicyClient("127.0.0.1", port, timeout_s=20, api_token=TOKEN) as client:
             assert client.ping()
             t0 = time.monotonic()
