@@ -18,6 +18,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -45,10 +46,25 @@ class ReplayStore:
         self.max_sessions = max_sessions
         self.cursors: dict[str, _Cursor] = {}
         self.evictions = 0
-        self._evicted: set[str] = set()
+        self._evicted: OrderedDict[str, None] = OrderedDict()  # ids evicted lately, to report "evicted"
+        self._remember = max(1024, 16 * max_sessions)
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self.cursors
+
+    def was_evicted(self, session_id: str) -> bool:
+        return session_id in self._evicted
+
+    def evict_beyond_limit(self, used: str) -> None:
+        """Forget the least recently used sessions beyond max_sessions (`used` was just inserted last)."""
+        self._evicted.pop(used, None)
+        while len(self.cursors) > self.max_sessions:
+            victim = next(iter(self.cursors))
+            del self.cursors[victim]
+            self._evicted[victim] = None
+            self.evictions += 1
+        while len(self._evicted) > self._remember:
+            self._evicted.popitem(last=False)
 
     def stats(self) -> dict:
         return {"live": len(self.cursors), "max_sessions": self.max_sessions, "evictions": self.evictions}
@@ -125,7 +141,7 @@ class ReplayPipeline:
         expected_inc = batch.expected_incarnations[i] if batch.expected_incarnations else None
         reason = None
         if cursor is None:
-            reason = "evicted" if sid in self.store._evicted else "new_session"
+            reason = "evicted" if self.store.was_evicted(sid) else "new_session"
         elif (batch.reset_mask and batch.reset_mask[i]) or cursor.reset_pending:
             reason = "reset_requested"
         elif (expected is not None and int(expected) != cursor.step) or (
@@ -135,12 +151,7 @@ class ReplayPipeline:
         if reason is not None:
             cursor = _Cursor()
         cursors[sid] = cursor
-        self.store._evicted.discard(sid)
-        while len(cursors) > self.store.max_sessions:
-            victim = next(iter(cursors))
-            del cursors[victim]
-            self.store._evicted.add(victim)
-            self.store.evictions += 1
+        self.store.evict_beyond_limit(sid)
         return cursor, reason
 
     def _encode(self, batch: ModelBatch, i: int, rows: np.ndarray) -> np.ndarray:

@@ -104,7 +104,7 @@ class ZmqDoor:
     async def handle(self, identity: bytes, payload: bytes) -> bytes:
         """The reply to one message; never raises and never takes longer than the deadline (plus encoding)."""
         t0 = time.perf_counter()
-        endpoint, status = "unknown", "error"
+        endpoint, status = "unknown", 200
         calls = _Calls()
         self.in_flight += 1
         try:
@@ -116,18 +116,20 @@ class ZmqDoor:
             self.check_token(request.api_token)
             endpoint = request.endpoint
             reply = await asyncio.wait_for(self.dispatch(identity, request, calls), self.zcfg.request_timeout_s)
-            status = "ok"
             out = rldx.pack(reply)
         except asyncio.TimeoutError:
             calls.cancel()
-            limit = self.zcfg.request_timeout_s
-            message = f"deadline: no result within {limit:g} s (zmq.request_timeout_s); retry"
-            out = rldx.pack({**rldx.error_reply(message), "code": "no_capacity", "status": 503})
+            status = 503
+            message = f"deadline: no result within {self.zcfg.request_timeout_s:g} s (zmq.request_timeout_s); retry"
+            out = rldx.pack({**rldx.error_reply(message), "code": "no_capacity", "status": status})
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error reply; the REQ client never hangs
-            out = rldx.pack(self.error_body(exc))
+            body = self.error_body(exc)
+            status = body["status"]
+            out = rldx.pack(body)
         finally:
             self.in_flight -= 1
-        self.metrics.requests.inc(1, tags={"route": f"{ROUTE}/{endpoint}", "status": status, "form": "raw"})
+        tags = {"route": f"{ROUTE}/{endpoint}", "status": str(status), "form": "raw"}
+        self.metrics.requests.inc(1, tags=tags)
         self.metrics.observe_stages({"zmq_total": (time.perf_counter() - t0) * 1000.0})
         return out
 
@@ -257,15 +259,14 @@ class ZmqDoor:
     async def serve(self, sock) -> None:
         """Receive forever; each message is answered by its own task so requests of many robots batch together."""
         tasks: set[asyncio.Task] = set()
+        killed = asyncio.ensure_future(self.killed.wait())
         try:
-            while not self.killed.is_set():
+            while True:
                 recv = asyncio.ensure_future(sock.recv_multipart(copy=True))
-                killed = asyncio.ensure_future(self.killed.wait())
-                done, _ = await asyncio.wait({recv, killed}, return_when=asyncio.FIRST_COMPLETED)
-                if recv not in done:
+                await asyncio.wait({recv, killed}, return_when=asyncio.FIRST_COMPLETED)
+                if not recv.done():
                     recv.cancel()
                     break
-                killed.cancel()
                 frames = recv.result()
                 if len(frames) < 3 or frames[-2] != b"":
                     log.warning("dropping a ZMQ message of %d frames that is not from a REQ/DEALER peer", len(frames))
@@ -274,6 +275,7 @@ class ZmqDoor:
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         finally:
+            killed.cancel()
             if tasks:  # let replies in flight (e.g. the kill acknowledgement) leave
                 await asyncio.wait(tasks, timeout=5.0)
             sock.close(linger=0)
