@@ -84,6 +84,18 @@ def load_pipeline(**kwargs: Any):
     return DreamZeroPipeline.load(**kwargs)
 
 
+def load_replay(replay: dict, embodiment: str, metadata_path: str | None, model_path: str | None, max_sessions: int):
+    """A LeRobot episode's recorded actions behind the pipeline interface (`policy.replay` in serve_config.yaml)."""
+    from deployments.preprocess import load_embodiment
+    from deployments.replay import ReplayPipeline
+
+    emb = load_embodiment(embodiment, metadata_path, model_path)
+    return ReplayPipeline(
+        emb, replay["dataset"], replay.get("episode", 0), replay.get("stride"), replay.get("action_columns"),
+        max_sessions=max_sessions,
+    )  # fmt: skip
+
+
 def _replica_name() -> str | None:
     """This replica's id, or None outside a Serve replica (in-process use, local testing mode)."""
     try:
@@ -99,6 +111,7 @@ def _stack_key(batch: ModelBatch) -> tuple:
         batch.state.shape[1:],
         batch.negative_prompts is None,
         batch.embodiment_id is None,
+        batch.action_gain is None,  # robot-unit rows (raw form) and normalised rows never share a model call
     )
 
 
@@ -146,7 +159,23 @@ def merge_batches(batches: list[ModelBatch], default_seed: int) -> ModelBatch:
         expected_incarnations=rows("expected_incarnations", None),
         seeds=rows("seeds", default_seed),
         embodiment_id=None if first.embodiment_id is None else rows("embodiment_id", 0),
+        rtc_prefix_len=_rows_or_none(batches, "rtc_prefix_len"),
+        rtc_exec_horizon=_rows_or_none(batches, "rtc_exec_horizon"),
+        action_prefix=_rows_or_none(batches, "action_prefix"),
+        action_gain=None if first.action_gain is None else np.concatenate([b.action_gain for b in batches]),
+        action_bias=None if first.action_bias is None else np.concatenate([b.action_bias for b in batches]),
     )
+
+
+def _rows_or_none(batches: list[ModelBatch], name: str) -> list | None:
+    """A per-row field across merged requests: None when no request set it, else rows of the others are None."""
+    if all(getattr(b, name) is None for b in batches):
+        return None
+    out: list = []
+    for b in batches:
+        value = getattr(b, name)
+        out.extend(value if value is not None else [None] * len(b))
+    return out
 
 
 def split_result(result: ChunkResult, sizes: list[int]) -> list[ChunkResult]:
@@ -187,18 +216,24 @@ class PolicyDeployment:
         return_latents: bool = False,
         torch_threads: int | None = None,
         rows_per_thread: int = 4,
+        replay: dict | None = None,
+        embodiment: str = "oxe_droid",
+        metadata_path: str | None = None,
     ):
         t0 = time.perf_counter()
         self._threads = CpuThreads(torch_threads, rows_per_thread) if torch_threads and device == "cpu" else None
-        self.pipeline = load_pipeline(
-            model_path=model_path,
-            tokenizer_path=tokenizer_path,
-            device=device,
-            dtype=dtype,
-            overrides=pipeline_overrides or None,
-            max_sessions=max_sessions,
-            session_ttl_s=session_ttl_s,
-        )
+        if replay is not None:  # recorded actions instead of a model (deployments/replay.py)
+            self.pipeline = load_replay(replay, embodiment, metadata_path, model_path, max_sessions)
+        else:
+            self.pipeline = load_pipeline(
+                model_path=model_path,
+                tokenizer_path=tokenizer_path,
+                device=device,
+                dtype=dtype,
+                overrides=pipeline_overrides or None,
+                max_sessions=max_sessions,
+                session_ttl_s=session_ttl_s,
+            )
         replica = _replica_name()
         self.replica = replica or f"local-{uuid.uuid4().hex[:8]}"
         self.return_latents = return_latents

@@ -37,7 +37,14 @@ class PreprocessDeployment:
                 f"input.observation holds {len(inputs)} rows but parameters.session_ids has {request.batch_size}"
             )
         batch = inputs.to_model_batch(
-            request.session_ids, list(request.reset_mask), request.expected_steps, request.seeds
+            request.session_ids,
+            list(request.reset_mask),
+            request.expected_steps,
+            request.seeds,
+            expected_incarnations=request.expected_incarnations,  # else a stale state with a matching step is reused
+            rtc_prefix_len=request.rtc_prefix_len,
+            rtc_exec_horizon=request.rtc_exec_horizon,
+            action_prefix=request.action_prefix,  # robot units; the batch's action codec brings them to the model's
         )
         if request.negative_prompts is not None:
             batch.negative_prompts = list(request.negative_prompts)

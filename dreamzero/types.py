@@ -71,6 +71,9 @@ class ModelBatch:
             expected_incarnations=request.expected_incarnations,
             seeds=request.seeds,
             embodiment_id=None if emb is None else [int(x) for x in emb],
+            rtc_prefix_len=request.rtc_prefix_len,
+            rtc_exec_horizon=request.rtc_exec_horizon,
+            action_prefix=request.action_prefix,  # normalised units: this form has no action codec
         )
 
 

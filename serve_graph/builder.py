@@ -37,6 +37,7 @@ REPLICA_ENV = {
 
 #: deployment names (stable: tests, metrics dashboards and `deployments:` overrides in YAML refer to them)
 INGRESS, PREPROCESS, POLICY, POSTPROCESS = "Ingress", "Preprocess", "Policy", "Postprocess"
+ZMQ_DOOR = "ZmqIngress"
 
 
 def _cpu_options(name: str, stage: CpuStageArgs) -> dict[str, Any]:
@@ -103,10 +104,28 @@ def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
         return_latents=cfg.return_latents,
         torch_threads=cfg.policy.torch_threads,
         rows_per_thread=cfg.policy.rows_per_thread,
+        replay=None if cfg.policy.replay is None else cfg.policy.replay.model_dump(),
+        embodiment=cfg.embodiment,
+        metadata_path=cfg.metadata_path,
     )
-    ingress_cls = serve.ingress()(IngressDeployment)  # the ASGI app is built per replica by the class itself
     # The key is resolved here: the ingress replica's process may not see the env var named by api_key_env.
     ingress_args = cfg.model_copy(update={"api_key": cfg.resolved_api_key, "api_key_env": None}).model_dump()
+    if cfg.zmq is not None:
+        return _bind_with_zmq_door(cfg, preprocess, policy, postprocess, ingress_args)
+    ingress_cls = serve.ingress()(IngressDeployment)  # the ASGI app is built per replica by the class itself
     return serve.deployment(ingress_cls, **_cpu_options(INGRESS, cfg.ingress)).bind(
         preprocess, policy, postprocess, ingress_args
+    )
+
+
+def _bind_with_zmq_door(cfg: AppArgs, preprocess, policy, postprocess, ingress_args: dict) -> Application:
+    """The graph plus the ZeroMQ front door (deployments/zmq_ingress.py), one replica: it binds a fixed port."""
+    from deployments.zmq_ingress import IngressWithZmqDoor, ZmqIngressDeployment
+
+    door_options = _cpu_options(ZMQ_DOOR, CpuStageArgs(num_replicas=1, num_cpus=cfg.zmq.num_cpus))
+    door_options["max_ongoing_requests"] = 1  # it serves no Serve requests, only health checks
+    door = serve.deployment(ZmqIngressDeployment, **door_options).bind(preprocess, policy, postprocess, ingress_args)
+    ingress_cls = serve.ingress()(IngressWithZmqDoor)
+    return serve.deployment(ingress_cls, **_cpu_options(INGRESS, cfg.ingress)).bind(
+        preprocess, policy, postprocess, ingress_args, zmq_door=door
     )

@@ -61,6 +61,24 @@ class CpuStageArgs(_Strict):
     max_ongoing_requests: int = Field(64, ge=1, description="Concurrent requests one replica accepts.")
 
 
+class ReplayArgs(_Strict):
+    """Serve a LeRobot episode's recorded actions instead of a model (debug the wire and the robot loop, no weights)."""
+
+    dataset: str = Field(..., description="LeRobot dataset directory (v2.1 or v3.0 layout).")
+    episode: int = Field(0, ge=0, description="Episode whose actions are replayed.")
+    stride: int | None = Field(
+        None, ge=1, description="Rows a session's cursor advances per call; default the action horizon."
+    )
+    action_columns: list[str] | None = Field(
+        None, description="Action columns (`name=column[start:end]`) when the embodiment's preset does not fit."
+    )
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_exists(cls, v: str) -> str:
+        return _existing(v, Path.is_dir, "is not a directory; point policy.replay.dataset at a LeRobot dataset")
+
+
 class PolicyArgs(_Strict):
     """Replicas, resources and routing of the policy deployment (the only model holder)."""
 
@@ -86,6 +104,9 @@ class PolicyArgs(_Strict):
         description="Requests queued per caller for a busy replica before 503 + Retry-After (-1: unbounded).",
     )
     num_virtual_nodes: int = Field(100, ge=1, description="Virtual nodes per replica on the session hash ring.")
+    replay: ReplayArgs | None = Field(
+        None, description="Answer with a LeRobot episode's recorded actions instead of loading a model."
+    )
 
 
 class SessionArgs(_Strict):
@@ -123,6 +144,20 @@ class HttpArgs(_Strict):
         300.0, gt=0, description="Bound on one request's trip through the graph; past it the client gets 503."
     )
     retry_after_s: float = Field(1.0, gt=0, description="`Retry-After` sent with 503 when no better hint exists.")
+
+
+class ZmqArgs(_Strict):
+    """The ZeroMQ front door for RLDX-1 / Isaac-GR00T clients (docs/zmq.md); off unless `zmq:` is given."""
+
+    port: int = Field(5555, ge=1, le=65535, description="TCP port of the ROUTER socket (RLDX-1's default 5555).")
+    host: str = Field("0.0.0.0", min_length=1, description="Interface to bind (`0.0.0.0`: every interface).")
+    max_message_bytes: int = Field(64 * MIB, ge=1024, description="Largest request; larger ones are dropped by ZMQ.")
+    request_timeout_s: float = Field(
+        60.0, gt=0, description="Deadline of one request; past it the client gets an error reply (never silence)."
+    )
+    max_in_flight: int = Field(256, ge=1, description="Requests in flight at once; more get an error reply.")
+    allow_kill: bool = Field(False, description="Let the `kill` endpoint close the door (refused when false).")
+    num_cpus: float = Field(0.0, ge=0, description="CPUs reserved for the door's replica.")
 
 
 def _existing(value: str | None, check, problem: str) -> str | None:
@@ -176,6 +211,7 @@ class AppArgs(_Strict):
     sessions: SessionArgs = Field(default_factory=SessionArgs, description="Session store bounds.")
     batching: BatchingArgs = Field(default_factory=BatchingArgs, description="Dynamic batching.")
     http: HttpArgs = Field(default_factory=HttpArgs, description="HTTP / WebSocket limits.")
+    zmq: ZmqArgs | None = Field(None, description="ZeroMQ front door (RLDX-1 clients); null: off.")
 
     @field_validator("model_path")
     @classmethod

@@ -24,6 +24,9 @@ NORMALISED_OPTIONAL_KEYS = ("embodiment_id", "has_lapa_action", "is_cotrain_inst
 #: frames per row of a normalised `images` tensor: 1 (single frame) or a 4-frame stack
 NORMALISED_FRAME_COUNTS = (1, 4)
 DEFAULT_MAX_STATE_DIM = 64
+#: bounds of the real-time chunking fields (docs/rtc.md): counts of actions, and the widest action vector
+MAX_RTC_ACTIONS = 1024
+MAX_ACTION_DIM = 32
 
 _FORM_ALIASES = {"normalised": "normalised", "normalized": "normalised", "raw": "raw"}
 
@@ -54,6 +57,11 @@ class GenerationRequest:
     output_format: str = "numpy"
     model: str | None = None
     flavour: str = codec.OPENPI  # codec flavour the body arrived in; replies use the same
+    # real-time chunking (docs/rtc.md), per row; None = not asked. action_prefix rows are [P, D] float64 in robot
+    # units (raw form) or normalised units (normalised form)
+    rtc_prefix_len: list[int | None] | None = None
+    rtc_exec_horizon: list[int | None] | None = None
+    action_prefix: list[np.ndarray | None] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -175,7 +183,49 @@ def validate_raw(observation: Mapping, b: int) -> dict[str, np.ndarray]:
     return out
 
 
-# 4. The request parser -------------------------------------------------------------------------------------------
+# 4. Real-time chunking fields -------------------------------------------------------------------------------------
+
+
+def rtc_counts(v: Any, name: str, b: int) -> list[int | None] | None:
+    """`rtc_prefix_len` / `rtc_exec_horizon`: null, one count for every row, or B entries of a count or null."""
+    if v is None:
+        return None
+    rows = f.per_row(v, name, b, (int,))
+    return [None if x is None else f.int_in(x, f"{name}[{i}]", 0, MAX_RTC_ACTIONS) for i, x in enumerate(rows)]
+
+
+def _prefix_row(v: Any, name: str) -> np.ndarray:
+    arr = f.array(v, name)
+    if arr.dtype.kind not in "fiu":
+        raise InvalidObservation(f"'{name}' must hold numbers, got dtype {arr.dtype}", field=name)
+    if arr.ndim != 2 or not 1 <= arr.shape[0] <= MAX_RTC_ACTIONS or not 1 <= arr.shape[1] <= MAX_ACTION_DIM:
+        raise InvalidObservation(
+            f"'{name}' must be [P, D] actions (1 <= P <= {MAX_RTC_ACTIONS}, 1 <= D <= {MAX_ACTION_DIM}), "
+            f"got shape {list(arr.shape)}",
+            field=name,
+        )
+    arr = arr.astype(np.float64)
+    if not np.isfinite(arr).all():
+        raise InvalidObservation(f"'{name}' holds NaN or infinite values", field=name)
+    return arr
+
+
+def action_prefixes(v: Any, name: str, b: int) -> list[np.ndarray | None] | None:
+    """`action_prefix`: null, [P, D] for every row, [B, P, D], or B entries of [P, D] or null."""
+    if v is None:
+        return None
+    rows = v if isinstance(v, np.ndarray) else f.as_list(v, name)
+    if any(r is None for r in rows) or (len(rows) and not np.isscalar(rows[0]) and np.ndim(rows[0]) == 2):
+        pass  # one entry per row (equal lengths or not)
+    else:
+        arr = _prefix_row(v, name)  # [P, D], the same prefix for every row
+        return [arr] * b
+    if len(rows) != b:
+        raise InvalidObservation(f"'{name}' has {len(rows)} rows but the request has {b} sessions", field=name)
+    return [None if r is None else _prefix_row(r, f"{name}[{i}]") for i, r in enumerate(rows)]
+
+
+# 5. The request parser -------------------------------------------------------------------------------------------
 
 
 def parse_generation_request(
@@ -229,6 +279,9 @@ def parse_generation_request(
         else:
             seeds = [f.int_in(seed, "parameters.seed", 0, f.MAX_SEED)] * b
     expected_steps, expected_incarnations = continuity_fields(params, b, "parameters.")
+    rtc_prefix_len = rtc_counts(params.get("rtc_prefix_len"), "parameters.rtc_prefix_len", b)
+    rtc_exec_horizon = rtc_counts(params.get("rtc_exec_horizon"), "parameters.rtc_exec_horizon", b)
+    action_prefix = action_prefixes(params.get("action_prefix"), "parameters.action_prefix", b)
     routing_key = params.get("routing_key")
     if routing_key is not None and (not isinstance(routing_key, str) or not routing_key):
         raise InvalidObservation("'parameters.routing_key' must be a non-empty string", field="parameters.routing_key")
@@ -250,6 +303,9 @@ def parse_generation_request(
         output_format=f.choice(runtime.get("output_format", "numpy"), "runtime.output_format", OUTPUT_FORMATS),
         model=model,
         flavour=flavour,
+        rtc_prefix_len=rtc_prefix_len,
+        rtc_exec_horizon=rtc_exec_horizon,
+        action_prefix=action_prefix,
     )
 
 
@@ -294,8 +350,15 @@ def build_request_body(
     model: str = "dreamzero",
     response_format: str = "envelope",
     output_format: str = "numpy",
+    rtc_prefix_len: int | Sequence[int | None] | None = None,
+    rtc_exec_horizon: int | Sequence[int | None] | None = None,
+    action_prefix: Any = None,
 ) -> dict:
-    """The client side of `parse_generation_request` (what `clients.http_client` sends)."""
+    """The client side of `parse_generation_request` (what `clients.http_client` sends).
+
+    Real-time chunking (docs/rtc.md): `rtc_prefix_len` d and `rtc_exec_horizon` s, one int or one per row;
+    `action_prefix` [P, D] (every row), [B, P, D] or B entries of [P, D] / None.
+    """
     inp: dict[str, Any] = {"prompt": list(prompts), "observation": dict(observation)}
     if form is not None:
         inp["form"] = form
@@ -311,6 +374,12 @@ def build_request_body(
             params[key] = value if isinstance(value, str) else list(value)
     if seed is not None:
         params["seed"] = seed if isinstance(seed, int) else list(seed)
+    for key, value in (("rtc_prefix_len", rtc_prefix_len), ("rtc_exec_horizon", rtc_exec_horizon)):
+        if value is not None:
+            params[key] = value if isinstance(value, (int, np.integer)) else list(value)
+    if action_prefix is not None:
+        is_array = isinstance(action_prefix, np.ndarray)
+        params["action_prefix"] = action_prefix if is_array else [None if p is None else p for p in action_prefix]
     return {
         "model": model,
         "input": inp,

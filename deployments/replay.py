@@ -1,0 +1,170 @@
+"""A pipeline stand-in for the Policy deployment that answers with a LeRobot episode's recorded actions.
+
+`policy: {replay: {dataset: <dir>, episode: 0}}` in serve_config.yaml swaps the model for this, behind every transport
+(HTTP raw and normalised forms, OpenPI WebSocket, ZMQ): the robot loop and the wire are debugged with no weights.
+Each session walks the episode from its start, `stride` rows per call (the last row repeats past the end), and gets
+the same continuity reports as with the model (restarts, steps, incarnations).
+
+The Policy deployment returns model units, which postprocess turns into robot units (`robot = gain * model + bias`,
+then the gripper rule). So recorded robot actions are encoded through the request's own action codec
+(`ModelBatch.action_gain` / `action_bias`, filled by preprocess from the row's current state), and postprocess gives
+them back exactly (a relative action key comes back as the recorded absolute value, whatever the current state);
+only the gripper rule still applies (DROID binarises the gripper at 0.5). The normalised form has no codec: it gets
+the q99-normalised recording (relative keys are not re-based: the state is not known in that form).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import numpy as np
+
+from dreamzero.config import PipelineConfig
+from dreamzero.embodiments import Embodiment
+from dreamzero.errors import InvalidObservation
+from dreamzero.policy import ReplayPolicy
+from dreamzero.types import ChunkResult, ModelBatch, SessionReport
+
+
+@dataclass
+class _Cursor:
+    step: int = 0
+    row: int = 0
+    reset_pending: bool = False
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+
+
+class ReplayStore:
+    """The replay's sessions: LRU-bounded like the model's store; `in` and `stats()` as the Policy deployment uses."""
+
+    def __init__(self, max_sessions: int):
+        self.max_sessions = max_sessions
+        self.cursors: dict[str, _Cursor] = {}
+        self.evictions = 0
+        self._evicted: OrderedDict[str, None] = OrderedDict()  # ids evicted lately, to report "evicted"
+        self._remember = max(1024, 16 * max_sessions)
+
+    def __contains__(self, session_id: str) -> bool:
+        return session_id in self.cursors
+
+    def was_evicted(self, session_id: str) -> bool:
+        return session_id in self._evicted
+
+    def evict_beyond_limit(self, used: str) -> None:
+        """Forget the least recently used sessions beyond max_sessions (`used` was just inserted last)."""
+        self._evicted.pop(used, None)
+        while len(self.cursors) > self.max_sessions:
+            victim = next(iter(self.cursors))
+            del self.cursors[victim]
+            self._evicted[victim] = None
+            self.evictions += 1
+        while len(self._evicted) > self._remember:
+            self._evicted.popitem(last=False)
+
+    def stats(self) -> dict:
+        return {"live": len(self.cursors), "max_sessions": self.max_sessions, "evictions": self.evictions}
+
+
+class ReplayPipeline:
+    """`generate(ModelBatch) -> ChunkResult` from recorded actions (the interface `DreamZeroPipeline` offers)."""
+
+    def __init__(
+        self,
+        embodiment: Embodiment,
+        dataset: str,
+        episode: int = 0,
+        stride: int | None = None,
+        action_columns: list[str] | None = None,
+        max_sessions: int = 128,
+    ):
+        self.replay = ReplayPolicy(dataset, episode, embodiment, action_columns, stride)
+        self.embodiment = embodiment
+        self.action_horizon = int(embodiment.action_horizon)
+        self.max_action_dim = int(embodiment.max_action_dim)
+        self.config = PipelineConfig()
+        # what `/v1/models` and `/v1/actions/metadata` report as the config: say plainly that no model answers
+        self.model = SimpleNamespace(config=SimpleNamespace(name="replay", embodiment_tag=embodiment.tag, dit=None))
+        self.store = ReplayStore(max_sessions)
+        self._lock = threading.Lock()
+        recorded = self.replay.actions.astype(np.float64)
+        # normalised-form answer: q99 per action key, padded to the model's width
+        per_key = self.embodiment.split_actions(recorded)
+        norm = np.concatenate([self.embodiment.action_normalisers[k].normalise(v) for k, v in per_key.items()], -1)
+        self._normalised = np.zeros((len(recorded), self.max_action_dim))
+        self._normalised[:, : norm.shape[1]] = norm
+        self._recorded = np.zeros((len(recorded), self.max_action_dim))
+        self._recorded[:, : recorded.shape[1]] = recorded
+
+    # --- the pipeline interface ---------------------------------------------------------------------------------
+    def generate(self, batch: ModelBatch, return_latents: bool = False) -> ChunkResult:
+        t0 = time.perf_counter()
+        if len(set(batch.session_ids)) != len(batch):
+            raise InvalidObservation("session ids must be unique within a batch", field="session_ids")
+        actions = np.zeros((len(batch), self.action_horizon, self.max_action_dim), np.float32)
+        reports = []
+        with self._lock:
+            for i, sid in enumerate(batch.session_ids):
+                cursor, reason = self._resolve(batch, i, sid)
+                rows = np.minimum(np.arange(cursor.row, cursor.row + self.action_horizon), len(self._recorded) - 1)
+                actions[i] = self._encode(batch, i, rows)
+                cursor.row = min(cursor.row + self.replay.stride, len(self._recorded))
+                cursor.step += 1
+                rtc = "cold_start" if _asked_rtc(batch, i) else None  # recorded actions ignore any target
+                reports.append(
+                    SessionReport(sid, cursor.step, reason is not None, reason, cursor.row, cursor.incarnation, rtc)
+                )
+        return ChunkResult(actions, reports, timings_ms={"total": (time.perf_counter() - t0) * 1e3})
+
+    def reset_sessions(self, session_ids) -> None:
+        with self._lock:
+            for sid in session_ids:
+                if sid in self.store.cursors:
+                    self.store.cursors[sid].reset_pending = True
+
+    def drop_sessions(self, session_ids) -> int:
+        with self._lock:
+            return sum(self.store.cursors.pop(sid, None) is not None for sid in session_ids)
+
+    def stats(self) -> dict:
+        return self.store.stats()
+
+    # --- helpers ------------------------------------------------------------------------------------------------
+    def _resolve(self, batch: ModelBatch, i: int, sid: str) -> tuple[_Cursor, str | None]:
+        cursors = self.store.cursors
+        cursor = cursors.pop(sid, None)  # re-inserted last: the dict order is least recently used first
+        expected = batch.expected_steps[i] if batch.expected_steps else None
+        expected_inc = batch.expected_incarnations[i] if batch.expected_incarnations else None
+        reason = None
+        if cursor is None:
+            reason = "evicted" if self.store.was_evicted(sid) else "new_session"
+        elif (batch.reset_mask and batch.reset_mask[i]) or cursor.reset_pending:
+            reason = "reset_requested"
+        elif (expected is not None and int(expected) != cursor.step) or (
+            expected_inc is not None and expected_inc != cursor.incarnation
+        ):
+            reason = "step_mismatch"
+        if reason is not None:
+            cursor = _Cursor()
+        cursors[sid] = cursor
+        self.store.evict_beyond_limit(sid)
+        return cursor, reason
+
+    def _encode(self, batch: ModelBatch, i: int, rows: np.ndarray) -> np.ndarray:
+        """Recorded rows -> model units for this row: through its action codec (raw form), else q99-normalised."""
+        if batch.action_gain is None:
+            return self._normalised[rows]
+        gain, bias = batch.action_gain[i], batch.action_bias[i]
+        safe = np.where(gain != 0, gain, 1.0)
+        return np.where(gain != 0, (self._recorded[rows] - bias) / safe, 0.0)
+
+
+def _asked_rtc(batch: ModelBatch, i: int) -> bool:
+    return any(
+        (getattr(batch, name) or [None] * len(batch))[i] is not None
+        for name in ("rtc_prefix_len", "rtc_exec_horizon", "action_prefix")
+    )

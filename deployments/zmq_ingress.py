@@ -1,0 +1,318 @@
+"""The ZeroMQ front door: RLDX-1 / Isaac-GR00T `PolicyClient`s (a REQ socket, msgpack frames) talk to the graph as they
+are. One more ingress of the same graph: it drives the Preprocess -> Policy -> Postprocess handles the HTTP ingress
+uses, so sessions, batching, continuity reports and RTC behave exactly as over HTTP (docs/zmq.md).
+
+Why a ROUTER socket where RLDX-1 binds REP: REP answers one request at a time, so robots would queue behind each
+other and never share a batch. ROUTER accepts the same REQ peers (each message arrives as [identity, b"", payload]),
+lets every request run concurrently and sends each reply back to its identity.
+
+A "client" is the peer's ZMQ identity (routing id): random per REQ socket, or the client's own ZMQ_ROUTING_ID, which
+lets a robot keep its sessions across reconnects. Session ids are namespaced by it, so two robots both saying
+`default_0` never share a session, and `reset` without ids clears only the caller's sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hmac
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from deployments.ingress import IngressDeployment
+from deployments.preprocess import load_embodiment
+from dreamzero.errors import CapacityError, InvalidRequest, PayloadTooLarge, Unauthorized
+from dreamzero_client.wire import generations, rldx
+from serve_graph.config import AppArgs, parse_app_args
+from serve_graph.errors_http import classify
+from serve_graph.metrics import serving_metrics
+
+log = logging.getLogger("dreamzero.serve.zmq")
+
+ROUTE = "zmq"
+#: prefix of the policy's session ids for ZMQ clients
+ZMQ_SESSION_PREFIX = "zmq"
+#: clients whose session lists are remembered (for `reset` without ids); the oldest is forgotten first
+MAX_REMEMBERED_CLIENTS = 4096
+#: the language key advertised by get_modality_config (the GR00T / RLDX-1 DROID name)
+LANGUAGE_KEY = "annotation.language.language_instruction"
+#: the frames a DROID model reads per camera, as offsets in control steps (a 4-frame stack, one every 8 steps)
+VIDEO_DELTA_INDICES = [-23, -16, -8, 0]
+
+
+def client_namespace(identity: bytes) -> str:
+    return identity.hex()
+
+
+def model_session_id(client: str, session_id: str) -> str:
+    return f"{ZMQ_SESSION_PREFIX}-{client}:{session_id}"
+
+
+def _graph_handle(handle: Any) -> Any:
+    """The handle over Serve's gRPC transport, as the HTTP ingress uses it (local testing handles have no option)."""
+    try:
+        return handle.options(_by_reference=False)
+    except (TypeError, AttributeError):
+        return handle
+
+
+def _sticky(handle: Any, method: str, key: str, *args: Any) -> Any:
+    """`handle.<method>.remote(*args)` routed by session key, started in a fresh context (see routing.sticky_call)."""
+    bound = getattr(handle.options(session_id=key), method)
+    return contextvars.Context().run(bound.remote, *args)
+
+
+class _Calls:
+    """The downstream calls of one request, so a request past its deadline cancels what it started."""
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+
+    async def __call__(self, response: Any) -> Any:
+        self.pending.append(response)
+        return await response
+
+    def cancel(self) -> None:
+        for response in self.pending:
+            cancel = getattr(response, "cancel", None)
+            if cancel is not None:
+                cancel()
+
+
+class ZmqDoor:
+    """Request handling of the ZMQ front door, without the socket (tests drive `handle` directly)."""
+
+    def __init__(self, cfg: AppArgs, preprocess: Any, policy: Any, postprocess: Any):
+        if cfg.zmq is None:
+            raise InvalidRequest("the ZMQ door needs `zmq:` in the app args")
+        self.cfg, self.zcfg = cfg, cfg.zmq
+        self.preprocess, self.policy, self.postprocess = (_graph_handle(h) for h in (preprocess, policy, postprocess))
+        self.embodiment = load_embodiment(cfg.embodiment, cfg.metadata_path, cfg.model_path)
+        self.api_key = cfg.resolved_api_key
+        self.metrics = serving_metrics()
+        # client -> {client's session id: routing key of the request that used it}
+        self.sessions: OrderedDict[str, dict[str, str]] = OrderedDict()
+        self.in_flight = 0
+        self.killed = asyncio.Event()
+        self._policy_info: dict | None = None
+
+    # --- one message ----------------------------------------------------------------------------------------------
+    async def handle(self, identity: bytes, payload: bytes) -> bytes:
+        """The reply to one message; never raises and never takes longer than the deadline (plus encoding)."""
+        t0 = time.perf_counter()
+        endpoint, status = "unknown", 200
+        calls = _Calls()
+        self.in_flight += 1
+        try:
+            if self.in_flight > self.zcfg.max_in_flight:
+                raise CapacityError(f"the server has {self.zcfg.max_in_flight} requests in flight; retry shortly")
+            if len(payload) > self.zcfg.max_message_bytes:
+                raise PayloadTooLarge(f"message of {len(payload)} bytes exceeds {self.zcfg.max_message_bytes} bytes")
+            request = rldx.parse_request(rldx.unpack(payload))
+            self.check_token(request.api_token)
+            endpoint = request.endpoint
+            reply = await asyncio.wait_for(self.dispatch(identity, request, calls), self.zcfg.request_timeout_s)
+            out = rldx.pack(reply)
+        except asyncio.TimeoutError:
+            calls.cancel()
+            status = 503
+            message = f"deadline: no result within {self.zcfg.request_timeout_s:g} s (zmq.request_timeout_s); retry"
+            out = rldx.pack({**rldx.error_reply(message), "code": "no_capacity", "status": status})
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an error reply; the REQ client never hangs
+            body = self.error_body(exc)
+            status = body["status"]
+            out = rldx.pack(body)
+        finally:
+            self.in_flight -= 1
+        tags = {"route": f"{ROUTE}/{endpoint}", "status": str(status), "form": "raw"}
+        self.metrics.requests.inc(1, tags=tags)
+        self.metrics.observe_stages({"zmq_total": (time.perf_counter() - t0) * 1000.0})
+        return out
+
+    @staticmethod
+    def error_body(exc: BaseException) -> dict:
+        reply = classify(exc)
+        body = rldx.error_reply(reply.message)
+        body.update({"code": reply.code, "status": reply.status})
+        if reply.retry_after_s is not None:
+            body["retry_after_s"] = reply.retry_after_s
+        if reply.field is not None:
+            body["field"] = reply.field
+        return body
+
+    def check_token(self, token: str | None) -> None:
+        if self.api_key is None:
+            return
+        if not hmac.compare_digest((token or "").encode(), self.api_key.encode()):
+            raise Unauthorized("Unauthorized: missing or wrong api_token")
+
+    async def dispatch(self, identity: bytes, request: rldx.RldxRequest, calls: _Calls) -> Any:
+        if request.endpoint == "ping":
+            return dict(rldx.PING_REPLY)
+        if request.endpoint == "get_modality_config":
+            return await self.modality_config(calls)
+        if request.endpoint == "kill":
+            if not self.zcfg.allow_kill:
+                raise Unauthorized("the kill endpoint is disabled on this server (zmq.allow_kill: false)")
+            self.killed.set()
+            return None
+        client = client_namespace(identity)
+        if request.endpoint == "reset":
+            return await self.reset(client, rldx.parse_reset(request.data), calls)
+        return await self.get_action(client, request.data, calls)
+
+    # --- endpoints --------------------------------------------------------------------------------------------------
+    async def get_action(self, client: str, data: dict, calls: _Calls) -> list:
+        t0 = time.perf_counter()
+        req = rldx.parse_get_action(data, LANGUAGE_KEY, max_batch=self.cfg.sessions.max_sessions)
+        opts = req.options
+        ids = [model_session_id(client, s) for s in opts.session_ids]
+        gen = generations.GenerationRequest(
+            prompts=req.prompts,
+            observation=req.observation,
+            session_ids=ids,
+            form="raw",
+            reset_mask=opts.reset_mask,
+            seeds=opts.seeds,
+            expected_steps=opts.expected_steps,
+            expected_incarnations=opts.expected_incarnations,
+            rtc_prefix_len=opts.rtc_prefix_len,
+            rtc_exec_horizon=opts.rtc_exec_horizon,
+            action_prefix=opts.action_prefix,
+        )
+        self._remember(client, opts.session_ids, gen.route_key)
+        timings: dict[str, float] = {}
+        batch, ctx = await calls(self.preprocess.run.remote(gen))
+        t1 = time.perf_counter()
+        timings["preprocess"] = (t1 - t0) * 1000.0
+        out = await calls(_sticky(self.policy, "generate", gen.route_key, batch))
+        t2 = time.perf_counter()
+        timings["policy"] = (t2 - t1) * 1000.0
+        actions = await calls(self.postprocess.run.remote(out.result.actions, ctx))
+        timings["postprocess"] = (time.perf_counter() - t2) * 1000.0
+        timings.update({f"model.{k}": float(v) for k, v in out.result.timings_ms.items()})
+        self.metrics.observe_stages(timings)
+        reports = []
+        for own_id, report in zip(opts.session_ids, out.result.sessions):
+            entry = report.to_dict()
+            entry["session_id"] = own_id  # the client's own name, not the namespaced one
+            reports.append(entry)
+        info = {
+            "sessions": reports,
+            "timings": timings,
+            "served_by": out.replica,
+            "batch_requests": out.batch_requests,
+        }
+        per_key = self.embodiment.split_actions(np.asarray(actions, dtype=np.float32))
+        return rldx.action_reply(per_key, info)
+
+    async def reset(self, client: str, session_ids: list[str] | None, calls: _Calls) -> dict:
+        known = self.sessions.get(client, {})
+        names = list(known) if session_ids is None else session_ids
+        by_route: dict[str, list[str]] = {}
+        for name in names:
+            model_id = model_session_id(client, name)
+            by_route.setdefault(known.get(name, model_id), []).append(model_id)
+        for route, model_ids in by_route.items():
+            await calls(_sticky(self.policy, "reset_sessions", route, model_ids))
+        return {"cleared_sessions": names}
+
+    async def modality_config(self, calls: _Calls) -> dict:
+        if self._policy_info is None:
+            self._policy_info = await calls(self.policy.info.remote())
+        emb = self.embodiment
+        horizon = int(self._policy_info["action_horizon"])
+        short = lambda keys: [k.split(".", 1)[1] for k in keys]  # noqa: E731 - `video.cam` -> `cam`
+        return {
+            "video": rldx.ModalityConfig(list(VIDEO_DELTA_INDICES), short(emb.video_keys)),
+            "state": rldx.ModalityConfig([0], short(emb.state_keys)),
+            "action": rldx.ModalityConfig(list(range(horizon)), short(emb.action_keys)),
+            "language": rldx.ModalityConfig([0], [LANGUAGE_KEY]),
+        }
+
+    def _remember(self, client: str, session_ids: list[str], route_key: str) -> None:
+        known = self.sessions.pop(client, {})
+        for sid in session_ids:
+            known[sid] = route_key
+        self.sessions[client] = known
+        while len(self.sessions) > MAX_REMEMBERED_CLIENTS:
+            self.sessions.popitem(last=False)
+
+    # --- the socket -------------------------------------------------------------------------------------------------
+    def bind(self):
+        """A bound ROUTER socket of pyzmq's asyncio flavour; ZMQ itself drops messages over the size limit."""
+        import zmq
+        import zmq.asyncio
+
+        ctx = zmq.asyncio.Context.instance()
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.zcfg.max_message_bytes)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a reply to a peer that left is dropped, not an error
+        sock.bind(f"tcp://{self.zcfg.host}:{self.zcfg.port}")
+        return sock
+
+    async def serve(self, sock) -> None:
+        """Receive forever; each message is answered by its own task so requests of many robots batch together."""
+        tasks: set[asyncio.Task] = set()
+        killed = asyncio.ensure_future(self.killed.wait())
+        try:
+            while True:
+                recv = asyncio.ensure_future(sock.recv_multipart(copy=True))
+                await asyncio.wait({recv, killed}, return_when=asyncio.FIRST_COMPLETED)
+                if not recv.done():
+                    recv.cancel()
+                    break
+                frames = recv.result()
+                if len(frames) < 3 or frames[-2] != b"":
+                    log.warning("dropping a ZMQ message of %d frames that is not from a REQ/DEALER peer", len(frames))
+                    continue
+                task = asyncio.create_task(self._answer(sock, frames[:-1], frames[-1]))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            killed.cancel()
+            if tasks:  # let replies in flight (e.g. the kill acknowledgement) leave
+                await asyncio.wait(tasks, timeout=5.0)
+            sock.close(linger=0)
+
+    async def _answer(self, sock, envelope: list[bytes], payload: bytes) -> None:
+        reply = await self.handle(envelope[0], payload)
+        try:
+            await sock.send_multipart([*envelope, reply])
+        except Exception as exc:  # noqa: BLE001 - the peer may be gone; nothing else to do
+            log.warning("could not send a ZMQ reply: %s", type(exc).__name__)
+
+
+class ZmqIngressDeployment:
+    """The Serve deployment around `ZmqDoor`: binds the socket when the replica starts and serves on its event loop.
+
+    The constructor is a coroutine (Serve awaits `async __init__` on the replica's loop), so the receive loop is a
+    task of that loop and awaits the graph's handles like any request handler.
+    """
+
+    async def __init__(self, preprocess: Any, policy: Any, postprocess: Any, args: dict):
+        self.door = ZmqDoor(parse_app_args(args), preprocess, policy, postprocess)
+        self._sock = self.door.bind()
+        self._task = asyncio.get_running_loop().create_task(self.door.serve(self._sock))
+        log.info("ZMQ front door listening on tcp://%s:%d", self.door.zcfg.host, self.door.zcfg.port)
+
+    def ready(self) -> bool:
+        return not self._task.done()
+
+    def check_health(self) -> None:
+        if self._task.done() and not self.door.killed.is_set():
+            raise RuntimeError(f"the ZMQ receive loop stopped: {self._task.exception()!r}")
+
+
+class IngressWithZmqDoor(IngressDeployment):
+    """The HTTP ingress holding the ZMQ door's handle: Serve deploys only what the app's ingress reaches through its
+    constructor arguments, so this is how the door becomes part of the application."""
+
+    def __init__(self, *args: Any, zmq_door: Any = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.zmq_door = zmq_door
