@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, Response
 from deployments.auth import check_api_key
 from dreamzero.errors import DreamZeroError
 from dreamzero_client.wire import codec, routes
-from serve_graph.errors_http import HANDLED_EXCEPTIONS, classify, http_error_response
+from serve_graph.errors_http import HANDLED_EXCEPTIONS, classify, reply_response
 
 if TYPE_CHECKING:
     from deployments.ingress import IngressDeployment
@@ -40,10 +40,10 @@ def build_fastapi_app(ingress: IngressDeployment) -> FastAPI:
         check_api_key(ingress.api_key, authorization)
 
     async def error_reply(request: Request, exc: Exception) -> Response:
+        reply = classify(exc, retry_after)
         if request.url.path == routes.GENERATIONS_PATH:
-            form = getattr(request.state, "form", "unknown")
-            ingress.count_request(classify(exc).status, form)
-        return http_error_response(exc, retry_after, error_flavour(request))
+            ingress.count_request(reply.status, getattr(request.state, "form", "unknown"))
+        return reply_response(reply, error_flavour(request))
 
     # Exception itself is answered by Starlette's outermost middleware, which re-raises after the reply so that
     # the server logs it: only a bug of the front door gets there; everything the table names is handled inside.

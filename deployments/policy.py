@@ -35,7 +35,6 @@ class PolicyOutput:
     result: ChunkResult
     replica: str
     batch_requests: int = 1  # requests merged into the model call that served this one
-    batch_rows: int = 0
 
 
 @dataclass
@@ -242,7 +241,7 @@ class PolicyDeployment:
                 wall_ms = (time.perf_counter() - t0) * 1000.0
                 result.timings_ms = {**result.timings_ms, "model_call": wall_ms}
                 for i, part in zip(members, split_result(result, [len(b) for b in group])):
-                    outcomes[i] = _Outcome(PolicyOutput(part, self.replica, len(group), len(merged)))
+                    outcomes[i] = _Outcome(PolicyOutput(part, self.replica, len(group)))
                 self.metrics.observe_sessions(result.sessions)
             except Exception as exc:  # noqa: BLE001 - handed back to exactly the requests of this group
                 for i in members:

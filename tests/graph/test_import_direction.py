@@ -2,8 +2,8 @@
 
 `serve_graph.builder` is the only module of `serve_graph` that imports `deployments`; `deployments` import the other
 `serve_graph` modules (config, errors, metrics, routing), which import neither `deployments` nor the builder; the
-model core and the client distribution import neither package. Imports under `if TYPE_CHECKING:` are type hints
-only and do not count.
+model core imports neither package, and the client distribution not even the model core. Imports under
+`if TYPE_CHECKING:` are type hints only and do not count.
 """
 
 from __future__ import annotations
@@ -105,10 +105,14 @@ def test_no_import_cycle_between_serve_graph_and_deployments():
 
 
 def test_model_core_and_clients_import_no_server_package():
-    for package_dir, root in ((ROOT / "dreamzero", ROOT), (ROOT / "clients" / "dreamzero_client", ROOT / "clients")):
+    # the client distribution installs alone on a robot: not even the model core may be imported from it
+    for package_dir, root, forbidden in (
+        (ROOT / "dreamzero", ROOT, SERVER_PACKAGES),
+        (ROOT / "clients" / "dreamzero_client", ROOT / "clients", (*SERVER_PACKAGES, "dreamzero")),
+    ):
         for path in sorted(package_dir.rglob("*.py")):
-            bad = {m for m in imported_modules(path.read_text(), module_name(path, root)) if m.split(".")[0] in
-                   SERVER_PACKAGES}  # fmt: skip
+            imported = imported_modules(path.read_text(), module_name(path, root))
+            bad = {m for m in imported if m.split(".")[0] in forbidden}
             assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
 
 

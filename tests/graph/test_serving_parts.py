@@ -17,7 +17,7 @@ from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 from serve_graph.builder import build_app, policy_options
 from serve_graph.config import parse_app_args
 from serve_graph.errors_http import classify, http_error_response, ws_error_frame
-from serve_graph.routing import routing_key, ws_session_id
+from serve_graph.routing import ws_session_id
 
 # 1. Config ---------------------------------------------------------------------------------------------------------
 
@@ -118,8 +118,7 @@ def test_ray_wrapped_errors_keep_their_field_and_retry_hint():
 # 3. Routing keys ---------------------------------------------------------------------------------------------------
 
 
-def test_routing_key_prefers_the_explicit_key():
-    assert routing_key(["a", "b"]) == "a" and routing_key(["a"], "env-7") == "env-7"
+def test_ws_sessions_are_namespaced_by_connection():
     assert ws_session_id("c1", "default") != ws_session_id("c2", "default")
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from dreamzero.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from dreamzero_client.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 
 OPENPI = "openpi"
 MSGPACK_NUMPY = "msgpack_numpy"
