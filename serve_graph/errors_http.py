@@ -98,12 +98,8 @@ def classify(exc: BaseException, default_retry_after_s: float = 1.0) -> ErrorRep
     return ErrorReply(503, "no_capacity", message, None, default_retry_after_s)
 
 
-def http_error_response(exc: BaseException, default_retry_after_s: float = 1.0, flavour: str = codec.JSON) -> Response:
-    """The HTTP reply for `exc`, its body in the codec `flavour` (the request's, when it had a known one)."""
-    return reply_response(classify(exc, default_retry_after_s), flavour)
-
-
 def reply_response(reply: ErrorReply, flavour: str = codec.JSON) -> Response:
+    """The HTTP reply, its body in the codec `flavour` (the request's, when it had a known one)."""
     payload, content_type = codec.encode_body(reply.body(), flavour)
     return Response(payload, status_code=reply.status, headers={"content-type": content_type, **reply.headers()})
 

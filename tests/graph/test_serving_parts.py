@@ -16,7 +16,7 @@ from dreamzero import errors
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 from serve_graph.builder import build_app, policy_options
 from serve_graph.config import parse_app_args
-from serve_graph.errors_http import classify, http_error_response, ws_error_frame
+from serve_graph.errors_http import classify, reply_response, ws_error_frame
 from serve_graph.routing import ws_session_id
 
 # 1. Config ---------------------------------------------------------------------------------------------------------
@@ -109,7 +109,7 @@ def test_ray_wrapped_errors_keep_their_field_and_retry_hint():
     cause = errors.InvalidObservation("bad", field="state.joint_position")
     wrapped = ray_exc.RayTaskError("generate", "traceback text", cause).as_instanceof_cause()
     assert classify(wrapped).status == 422 and classify(wrapped).field == "state.joint_position"
-    resp = http_error_response(errors.CapacityError("full", retry_after_s=2.2))
+    resp = reply_response(classify(errors.CapacityError("full", retry_after_s=2.2)))
     assert resp.status_code == 503 and resp.headers["retry-after"] == "3"
     frame = ws_error_frame(RuntimeError("boom"))
     assert frame == {"type": "error", "message": "Internal inference error", "code": "internal_error", "status": 500}
