@@ -21,7 +21,7 @@ import numpy as np
 from ray import serve
 
 from deployments.batcher import ContinuousBatcher
-from dreamzero.errors import InvalidRequest, NotReady
+from dreamzero.errors import InvalidRequest
 from dreamzero.types import ChunkResult, ModelBatch
 from serve_graph.metrics import serving_metrics
 
@@ -35,7 +35,6 @@ class PolicyOutput:
     result: ChunkResult
     replica: str
     batch_requests: int = 1  # requests merged into the model call that served this one
-    batch_rows: int = 0
 
 
 @dataclass
@@ -248,15 +247,12 @@ class PolicyDeployment:
             self._generate_many, max_batch_size, batch_wait_timeout_s, wants_company=self._starts_session
         )
         self._evictions_seen = 0
-        self._ready = True
         log.info("policy replica %s ready in %.1f s", self.replica, time.perf_counter() - t0)
 
     # --- request path -----------------------------------------------------------------------------------------
     async def generate(self, batch: ModelBatch) -> PolicyOutput:
         if not isinstance(batch, ModelBatch) or len(batch) == 0:
             raise InvalidRequest("the policy needs a ModelBatch with at least one session row")
-        if not self._ready:
-            raise NotReady("policy replica is shutting down")
         if self._batching:
             outcome = await self._batcher.submit(batch)
         else:
@@ -280,7 +276,7 @@ class PolicyDeployment:
                 wall_ms = (time.perf_counter() - t0) * 1000.0
                 result.timings_ms = {**result.timings_ms, "model_call": wall_ms}
                 for i, part in zip(members, split_result(result, [len(b) for b in group])):
-                    outcomes[i] = _Outcome(PolicyOutput(part, self.replica, len(group), len(merged)))
+                    outcomes[i] = _Outcome(PolicyOutput(part, self.replica, len(group)))
                 self.metrics.observe_sessions(result.sessions)
             except Exception as exc:  # noqa: BLE001 - handed back to exactly the requests of this group
                 for i in members:
@@ -303,11 +299,6 @@ class PolicyDeployment:
         return self.pipeline.generate(batch)
 
     # --- session control --------------------------------------------------------------------------------------
-    async def reset_sessions(self, session_ids: list[str]) -> int:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self.pipeline.reset_sessions, list(session_ids))
-        return len(session_ids)
-
     async def drop_sessions(self, session_ids: list[str]) -> int:
         """Free sessions (a WebSocket connection closed); unknown ids are ignored."""
         loop = asyncio.get_running_loop()
@@ -332,11 +323,9 @@ class PolicyDeployment:
             "batching": self._batching,
         }
 
-    def stats(self) -> dict:
-        return {"replica": self.replica, **dict(self.pipeline.stats())}
-
     def ready(self) -> bool:
-        return self._ready
+        """Answers once the model is loaded (the ingress's /health asks every deployment)."""
+        return True
 
     def check_health(self) -> None:
         # Serve calls this periodically; a replica whose pipeline vanished is restarted.
@@ -353,12 +342,9 @@ class PolicyDeployment:
         return int(self.pipeline.config.default_seed)
 
     def _update_session_gauges(self) -> None:
-        stats = dict(self.pipeline.stats())
-        store = stats.get("sessions") if isinstance(stats.get("sessions"), dict) else stats
-        live = store.get("live", store.get("live_sessions"))
-        if isinstance(live, (int, float)):
-            self.metrics.live_sessions.set(float(live))
-        evicted = store.get("evictions")
-        if isinstance(evicted, int) and evicted > self._evictions_seen:
-            self.metrics.evictions.inc(evicted - self._evictions_seen)
-            self._evictions_seen = evicted
+        stats = self.pipeline.stats()  # SessionStore.stats(): live, bytes, evictions (a running total), ...
+        self.metrics.live_sessions.set(float(stats["live"]))
+        self.metrics.session_bytes.set(float(stats["bytes"]))
+        if stats["evictions"] > self._evictions_seen:
+            self.metrics.evictions.inc(stats["evictions"] - self._evictions_seen)
+            self._evictions_seen = stats["evictions"]

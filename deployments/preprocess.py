@@ -48,6 +48,8 @@ class PreprocessDeployment:
         )
         if request.negative_prompts is not None:
             batch.negative_prompts = list(request.negative_prompts)
+        # with the step, the incarnation tells stale state of the same step (left on a replica) from the client's
+        batch.expected_incarnations = request.expected_incarnations
         return batch, context
 
     def ready(self) -> bool:

@@ -1,4 +1,5 @@
-"""`build_app(args)`: the only place where plain classes become Ray Serve deployments.
+"""`build_app(args)`: the only place where plain classes become Ray Serve deployments, and the only module of
+`serve_graph` that imports `deployments` (the import rule: docs/architecture.md, "Import direction").
 
 `serve run serve_config.yaml` imports `serve_graph.builder:build_app` and passes the YAML `args`; they are validated
 first (`serve_graph.config`), so a bad value fails at start with a message that says how to fix it.
@@ -24,10 +25,10 @@ from serve_graph.routing import sticky_router_config
 
 #: Ray Serve settings for every replica of the graph (the per-replica half of RAY_SERVE_THROUGHPUT_OPTIMIZED): user code
 #: runs on the replica's own event loop and handle calls route on the caller's loop, instead of hopping between threads
-#: and loops on each request. Our code never blocks those loops for long (the model runs on its own thread), and on the
-#: 2-core benchmark machine this cut the served path's overhead by ~5 ms a request. The proxy's half is set by
-#: starting `serve run` with RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0 (docs/serving.md).
-#: The ingress reaches the other deployments over Serve's gRPC transport (deployments/ingress.py), whose messages are
+#: and loops on each request. Our code never blocks those loops for long (the model runs on its own thread); what it
+#: saves: docs/benchmarks.md, "Serving path settings". The proxy's half is set by starting `serve run` with
+#: RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0 (docs/serving.md).
+#: The ingress reaches the other deployments over Serve's gRPC transport (deployments/calls.py), whose messages are
 #: capped at 4 MB by default on both ends: a few DROID frames exceed that. The HTTP body limit bounds them instead.
 REPLICA_ENV = {
     "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",

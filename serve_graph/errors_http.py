@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from ray import exceptions as ray_exc
 from ray.serve import exceptions as serve_exc
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 
 from dreamzero import errors
+from dreamzero_client.wire import codec, openpi, replies
 
 log = logging.getLogger("dreamzero.serve")
 
@@ -38,6 +39,14 @@ STATUS_TABLE: tuple[tuple[type[BaseException], int], ...] = (
     (asyncio.TimeoutError, 503),
 )
 
+#: what the HTTP app's exception handlers catch: every class the table names, and Ray's wrapper of replica errors
+#: (a RayTaskError of an unknown cause is a 500 by the table)
+HANDLED_EXCEPTIONS: tuple[type[BaseException], ...] = (
+    errors.DreamZeroError,
+    ray_exc.RayError,
+    *dict.fromkeys(cls for cls, _ in STATUS_TABLE),
+)
+
 #: message for anything not in the table (the real exception is logged server-side only)
 INTERNAL_MESSAGE = "Internal inference error"
 
@@ -51,11 +60,7 @@ class ErrorReply:
     retry_after_s: float | None = None
 
     def body(self) -> dict:
-        # `detail` keeps FastAPI/sglang-style clients happy; `error` is the structured form.
-        err = {"code": self.code, "message": self.message}
-        if self.field is not None:
-            err["field"] = self.field
-        return {"error": err, "detail": self.message}
+        return replies.error_body(self.code, self.message, self.field)
 
     def headers(self) -> dict[str, str]:
         if self.retry_after_s is None:
@@ -93,15 +98,13 @@ def classify(exc: BaseException, default_retry_after_s: float = 1.0) -> ErrorRep
     return ErrorReply(503, "no_capacity", message, None, default_retry_after_s)
 
 
-def http_error_response(exc: BaseException, default_retry_after_s: float = 1.0) -> JSONResponse:
-    reply = classify(exc, default_retry_after_s)
-    return JSONResponse(reply.body(), status_code=reply.status, headers=reply.headers())
+def reply_response(reply: ErrorReply, flavour: str = codec.JSON) -> Response:
+    """The HTTP reply, its body in the codec `flavour` (the request's, when it had a known one)."""
+    payload, content_type = codec.encode_body(reply.body(), flavour)
+    return Response(payload, status_code=reply.status, headers={"content-type": content_type, **reply.headers()})
 
 
 def ws_error_frame(exc: BaseException) -> dict:
     """The vllm-omni style error frame; the socket stays open after it."""
     reply = classify(exc)
-    frame = {"type": "error", "message": reply.message, "code": reply.code, "status": reply.status}
-    if reply.field is not None:
-        frame["field"] = reply.field
-    return frame
+    return {**openpi.error_frame(reply.message, reply.code, reply.field), "status": reply.status}

@@ -13,7 +13,7 @@ from ray.serve.metrics import Counter, Gauge, Histogram
 
 from dreamzero.types import SessionReport
 
-#: milliseconds; covers a tiny CPU model (~1 ms stages) up to a 14B chunk (~seconds)
+#: milliseconds; from a tiny CPU model's millisecond stages up to a 14B chunk of seconds
 LATENCY_BOUNDARIES_MS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000]
 BATCH_BOUNDARIES = [1, 2, 4, 8, 16, 32, 64, 128]
 
@@ -34,6 +34,9 @@ class ServingMetrics:
             tag_keys=("stage",),
         )
         self.live_sessions = Gauge("dreamzero_live_sessions", description="Sessions held by this policy replica.")
+        self.session_bytes = Gauge(
+            "dreamzero_session_bytes", description="Bytes of tensors held by this policy replica's sessions."
+        )
         self.session_restarts = Counter(
             "dreamzero_session_restarts_total",
             description="Session (re)starts reported to clients, by reason.",

@@ -20,15 +20,6 @@ CONSISTENT_HASH_ROUTER = "ray.serve.experimental.consistent_hash_router.Consiste
 WS_SESSION_PREFIX = "ws"
 
 
-def routing_key(session_ids: list[str], explicit: str | None = None) -> str:
-    """The key that pins every session of one request to one replica."""
-    if explicit:
-        return str(explicit)
-    if not session_ids:
-        raise ValueError("a request needs at least one session id to route")
-    return str(session_ids[0])
-
-
 def ws_session_id(connection_id: str, session_id: str) -> str:
     """Namespace a WebSocket client's session id by its connection, so two robots both saying "default" never share."""
     return f"{WS_SESSION_PREFIX}-{connection_id}:{session_id}"

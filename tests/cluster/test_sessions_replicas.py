@@ -1,8 +1,9 @@
 """Sessions across policy replicas on a real cluster: stickiness, a killed replica, scaling up and down.
 
 Invariant checked on every answer: a session either continues (not restarted, step = the previous step + 1) or
-says it restarted and why. Clients send the step they expect, so stale state left on a replica is never reused
-silently (the scenario measured in ray-serve-notes.md: scaling 4 -> 2 returned sessions to stale replicas).
+says it restarted and why. Clients send the step and incarnation they expect, so stale state left on a replica is
+never reused silently (scaling down sends sessions back to replicas that still hold their older state; the same-step
+case through the raw form and the WebSocket: test_stale_same_step.py).
 """
 
 from __future__ import annotations

@@ -10,14 +10,14 @@ import pytest
 from ray import exceptions as ray_exc
 from ray.serve import exceptions as serve_exc
 
-from deployments.ingress import IngressDeployment, _WsSession
+from deployments.openpi_ws import WsSession, buffer_frames
 from deployments.policy import PolicyDeployment, merge_batches, plan_groups, split_result
 from dreamzero import errors
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 from serve_graph.builder import build_app, policy_options
 from serve_graph.config import parse_app_args
-from serve_graph.errors_http import classify, http_error_response, ws_error_frame
-from serve_graph.routing import routing_key, ws_session_id
+from serve_graph.errors_http import classify, reply_response, ws_error_frame
+from serve_graph.routing import ws_session_id
 
 # 1. Config ---------------------------------------------------------------------------------------------------------
 
@@ -109,7 +109,7 @@ def test_ray_wrapped_errors_keep_their_field_and_retry_hint():
     cause = errors.InvalidObservation("bad", field="state.joint_position")
     wrapped = ray_exc.RayTaskError("generate", "traceback text", cause).as_instanceof_cause()
     assert classify(wrapped).status == 422 and classify(wrapped).field == "state.joint_position"
-    resp = http_error_response(errors.CapacityError("full", retry_after_s=2.2))
+    resp = reply_response(classify(errors.CapacityError("full", retry_after_s=2.2)))
     assert resp.status_code == 503 and resp.headers["retry-after"] == "3"
     frame = ws_error_frame(RuntimeError("boom"))
     assert frame == {"type": "error", "message": "Internal inference error", "code": "internal_error", "status": 500}
@@ -118,8 +118,7 @@ def test_ray_wrapped_errors_keep_their_field_and_retry_hint():
 # 3. Routing keys ---------------------------------------------------------------------------------------------------
 
 
-def test_routing_key_prefers_the_explicit_key():
-    assert routing_key(["a", "b"]) == "a" and routing_key(["a"], "env-7") == "env-7"
+def test_ws_sessions_are_namespaced_by_connection():
     assert ws_session_id("c1", "default") != ws_session_id("c2", "default")
 
 
@@ -171,7 +170,7 @@ class _CountingPipeline:
         return ChunkResult(actions=np.zeros((b, 24, 32), np.float32), sessions=reports)
 
     def stats(self):
-        return {"live": 0, "evictions": 0}
+        return {"live": 0, "bytes": 0, "evictions": 0}
 
 
 def test_policy_loads_a_checkpoint_whose_tokenizer_lives_elsewhere(tmp_path):
@@ -333,16 +332,16 @@ def test_batcher_failure_reaches_only_that_batch_and_the_worker_survives():
 
 
 def test_ws_frame_buffer_first_call_one_frame_then_last_four():
-    s = _WsSession("default", "ws-x:default")
+    s = WsSession("default", "ws-x:default")
     frame = lambda v: np.full((4, 6, 3), v, np.uint8)  # noqa: E731
-    assert IngressDeployment._buffer_frames(s, "cam", frame(1), first_call=True).shape == (1, 4, 6, 3)
-    out = IngressDeployment._buffer_frames(s, "cam", frame(2), first_call=False)
+    assert buffer_frames(s, "cam", frame(1), first_call=True).shape == (1, 4, 6, 3)
+    out = buffer_frames(s, "cam", frame(2), first_call=False)
     assert out.shape == (4, 4, 6, 3) and out[:, 0, 0, 0].tolist() == [1, 1, 1, 2]  # short history: oldest repeated
     for v in (3, 4, 5):
-        out = IngressDeployment._buffer_frames(s, "cam", frame(v), first_call=False)
+        out = buffer_frames(s, "cam", frame(v), first_call=False)
     assert out[:, 0, 0, 0].tolist() == [2, 3, 4, 5]
     stack = np.stack([frame(v) for v in (10, 11, 12, 13)])
-    assert IngressDeployment._buffer_frames(s, "cam", stack, first_call=False) is stack  # 4-frame stacks as sent
+    assert buffer_frames(s, "cam", stack, first_call=False) is stack  # 4-frame stacks as sent
     assert isinstance(s.buffers["cam"], deque) and len(s.buffers["cam"]) == 4
     with pytest.raises(errors.InvalidObservation):
-        IngressDeployment._buffer_frames(s, "cam", np.zeros((6, 3), np.uint8), first_call=False)
+        buffer_frames(s, "cam", np.zeros((6, 3), np.uint8), first_call=False)

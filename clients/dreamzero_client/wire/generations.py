@@ -231,7 +231,7 @@ def action_prefixes(v: Any, name: str, b: int) -> list[np.ndarray | None] | None
 def parse_generation_request(
     body: Any, flavour: str = codec.OPENPI, max_batch: int | None = None, max_state_dim: int = DEFAULT_MAX_STATE_DIM
 ) -> GenerationRequest:
-    """Validate a decoded `POST /v1/actions/generations` body (see wire-protocols.md section 1)."""
+    """Validate a decoded `POST /v1/actions/generations` body (docs/wire-protocol.md, section 2)."""
     body = f.mapping(body, "<body>")
     inp = f.mapping(body.get("input"), "input")
     params = f.mapping(body.get("parameters"), "parameters", required=False)

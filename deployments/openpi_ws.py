@@ -1,0 +1,198 @@
+"""The OpenPI WebSocket adapter of the ingress: handshake, frames -> raw-form requests through the graph -> replies.
+
+One `OpenPISocketServer` per ingress replica serves every connection. Sessions are per connection (their ids are
+namespaced by a connection id), camera frames are buffered per session, and the adapter remembers each session's
+last step and incarnation and sends them back with the next request, as an HTTP client does, so stale state left on
+a replica is never reused silently. Protocol: docs/wire-protocol.md, "OpenPI WebSocket".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from fastapi import WebSocket
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from deployments.auth import check_api_key
+from dreamzero.errors import InvalidObservation, InvalidRequest, PayloadTooLarge, Unauthorized
+from dreamzero_client.wire import codec, generations, openpi
+from serve_graph.config import HttpArgs
+from serve_graph.errors_http import ws_error_frame
+from serve_graph.metrics import ServingMetrics
+from serve_graph.routing import ws_session_id
+
+log = logging.getLogger("dreamzero.serve.openpi")
+
+#: frames the model sees per camera after a session's first call (clients send one frame every 8 control steps)
+WS_STACK_FRAMES = 4
+#: close codes (RFC 6455)
+WS_NORMAL, WS_POLICY_VIOLATION, WS_TOO_BIG = 1000, 1008, 1009
+
+
+@dataclass
+class WsSession:
+    """One OpenPI session of one connection: its namespaced id, frame buffers and the state it last continued."""
+
+    session_id: str  # as the client named it
+    model_id: str  # namespaced by connection
+    buffers: dict[str, deque] = field(default_factory=dict)
+    last_step: int | None = None
+    last_incarnation: str | None = None
+    reset_next: bool = True  # the first infer of a session starts it fresh
+
+    def restart(self) -> None:
+        self.buffers.clear()
+        self.reset_next, self.last_step, self.last_incarnation = True, None, None
+
+
+def buffer_frames(session: WsSession, key: str, value: np.ndarray, first_call: bool) -> np.ndarray:
+    """[H,W,3] or [T,H,W,3] -> the frames the model sees: 1 on a session's first call, else the last 4.
+
+    A 4-frame stack is used as sent. Short histories repeat their oldest frame (as the reference server does).
+    """
+    frames = np.asarray(value)
+    if frames.ndim == 3:
+        frames = frames[None]
+    if frames.ndim != 4:
+        raise InvalidObservation(f"'{key}' must be (H, W, 3) or (T, H, W, 3), got {list(frames.shape)}", key)
+    buf = session.buffers.get(key)
+    if buf is None or (buf and buf[-1].shape != frames.shape[1:]):
+        buf = session.buffers[key] = deque(maxlen=WS_STACK_FRAMES)
+    buf.extend(frames)
+    if frames.shape[0] == WS_STACK_FRAMES:
+        return frames
+    if first_call:
+        return frames[-1:]
+    history = list(buf)
+    history = [history[0]] * (WS_STACK_FRAMES - len(history)) + history
+    return np.stack(history)
+
+
+def to_generation_request(
+    req: openpi.OpenPIRequest, session: WsSession, key_map: Mapping[str, str]
+) -> generations.GenerationRequest:
+    """OpenPI keys -> the embodiment's raw keys with a batch dim of 1 (cameras through the frame buffers), plus the
+    session's continuity: the step and incarnation of its last reply."""
+    obs: dict[str, np.ndarray] = {}
+    first_call = session.reset_next
+    for key, value in req.observation.items():
+        target = key_map.get(key)
+        if target is None:
+            continue  # e.g. observation/cartesian_position: sent by DROID clients, unused by the model
+        if target.startswith("video."):
+            obs[target] = buffer_frames(session, key, value, first_call)[None]
+        else:
+            obs[target] = np.asarray(value)[None]
+    missing = [k for k, t in key_map.items() if t not in obs]
+    if missing:
+        raise InvalidObservation(f"'{missing[0]}' is required for infer (OpenPI keys: {list(key_map)})", missing[0])
+    return generations.GenerationRequest(
+        prompts=[req.prompt or ""],
+        observation=obs,
+        session_ids=[session.model_id],
+        form="raw",
+        reset_mask=[first_call],
+        seeds=None if req.seed is None else [req.seed],
+        expected_steps=None if first_call else [session.last_step],
+        expected_incarnations=None if first_call else [session.last_incarnation],
+        routing_key=session.model_id,
+        flavour=req.flavour,
+    )
+
+
+class OpenPISocketServer:
+    """Serves OpenPI connections; the graph, the handshake and session cleanup come from the ingress."""
+
+    def __init__(
+        self,
+        run_graph: Callable[[generations.GenerationRequest], Awaitable[Any]],
+        handshake: Callable[[], Awaitable[dict]],
+        drop_session: Callable[[str], Awaitable[None]],
+        key_map: Mapping[str, str],
+        limits: HttpArgs,
+        api_key: str | None,
+        metrics: ServingMetrics,
+    ):
+        self.run_graph, self.handshake, self.drop_session = run_graph, handshake, drop_session
+        self.key_map, self.limits, self.api_key, self.metrics = dict(key_map), limits, api_key, metrics
+        self.open_connections = 0
+
+    async def serve(self, ws: WebSocket) -> None:
+        """One connection: auth at the handshake, the config frame, then one reply per message until it ends."""
+        try:
+            check_api_key(self.api_key, ws.headers.get("authorization"))
+        except Unauthorized:
+            await ws.close(code=WS_POLICY_VIOLATION, reason="missing or wrong API key")
+            return
+        await ws.accept()
+        conn_id = uuid.uuid4().hex[:12]
+        session: WsSession | None = None
+        self.open_connections += 1
+        self.metrics.ws_connections.set(self.open_connections)
+        try:
+            await ws.send_bytes(openpi.pack_frame(await self.handshake()))
+            while True:
+                try:
+                    message = await asyncio.wait_for(ws.receive(), self.limits.ws_idle_timeout_s)
+                except asyncio.TimeoutError:
+                    await ws.close(code=WS_NORMAL, reason="idle timeout")
+                    return
+                if message["type"] == "websocket.disconnect":
+                    return
+                data = message.get("bytes")
+                if data is None:
+                    data = message.get("text")
+                if data is not None and len(data) > self.limits.ws_max_message_bytes:
+                    err = PayloadTooLarge(f"message exceeds the limit of {self.limits.ws_max_message_bytes} bytes")
+                    await ws.send_bytes(openpi.pack_frame(ws_error_frame(err)))
+                    await ws.close(code=WS_TOO_BIG, reason="message too big")
+                    return
+                reply, session = await self.message(data, conn_id, session)
+                await ws.send_bytes(reply)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            self.open_connections -= 1
+            self.metrics.ws_connections.set(self.open_connections)
+            if session is not None:
+                await self.drop_session(session.model_id)
+            if ws.application_state == WebSocketState.CONNECTED and ws.client_state == WebSocketState.CONNECTED:
+                try:
+                    await ws.close(code=WS_NORMAL)
+                except Exception:  # noqa: BLE001 - the peer may already be gone
+                    pass
+
+    async def message(
+        self, data: bytes | str | None, conn_id: str, session: WsSession | None
+    ) -> tuple[bytes, WsSession | None]:
+        """Handle one frame -> (reply frame, the connection's session); errors become an error frame (the socket
+        stays open)."""
+        flavour = codec.OPENPI
+        try:
+            if data is None:
+                raise InvalidRequest("empty frame; send a binary msgpack map")
+            msg, flavour = openpi.unpack_frame(data)
+            req = openpi.parse_openpi_request(msg, flavour)
+            if session is None or session.session_id != req.session_id:
+                if session is not None:
+                    await self.drop_session(session.model_id)  # a new session id restarts: free the old state
+                session = WsSession(req.session_id, ws_session_id(conn_id, req.session_id))
+            if req.endpoint == "reset":
+                session.restart()
+                return openpi.pack_frame(openpi.OPENPI_RESET_REPLY, flavour), session
+            reply = await self.run_graph(to_generation_request(req, session, self.key_map))
+            report = reply.sessions[0]
+            session.last_step, session.last_incarnation, session.reset_next = report.step, report.incarnation, False
+            extra = None
+            if req.reply_as_dict:
+                extra = {"session": report.to_dict(), "timings": reply.timings_ms, "served_by": reply.replica}
+            return openpi.pack_frame(openpi.infer_reply(reply.actions[0], req.reply_as_dict, extra), flavour), session
+        except Exception as exc:  # noqa: BLE001 - reported to the client as an error frame
+            return openpi.pack_frame(ws_error_frame(exc), flavour), session
