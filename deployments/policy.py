@@ -306,6 +306,12 @@ class PolicyDeployment:
         self._update_session_gauges()
         return len(session_ids)
 
+    async def reset_sessions(self, session_ids: list[str]) -> int:
+        """Restart sessions at their next call, flagged "reset_requested" (the ZMQ door's `reset`)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._executor, self.pipeline.reset_sessions, list(session_ids))
+        return len(session_ids)
+
     # --- introspection ----------------------------------------------------------------------------------------
     def info(self) -> dict:
         loop_cfg = self.pipeline.config  # PipelineConfig: the inference-loop knobs in effect

@@ -67,7 +67,8 @@ class ReplayStore:
             self._evicted.popitem(last=False)
 
     def stats(self) -> dict:
-        return {"live": len(self.cursors), "max_sessions": self.max_sessions, "evictions": self.evictions}
+        # the keys of SessionStore.stats() that the Policy deployment's gauges read; a cursor holds no tensors
+        return {"live": len(self.cursors), "max_sessions": self.max_sessions, "evictions": self.evictions, "bytes": 0}
 
 
 class ReplayPipeline:

@@ -32,6 +32,8 @@ SessionId = Annotated[str, Field(min_length=1, max_length=fields.MAX_SESSION_ID_
 Seed = Annotated[int, Field(ge=0, le=fields.MAX_SEED)]
 ExpectedStep = Annotated[int, Field(ge=0, le=MAX_EXPECTED_STEP)]
 Incarnation = Annotated[str, Field(min_length=1, max_length=MAX_INCARNATION_LEN)]
+RtcCount = Annotated[int, Field(ge=0, le=generations.MAX_RTC_ACTIONS)]
+ActionPrefix = list[list[float]]  # [P, D]
 ActionValues = list[list[list[float]]]  # [B, H, D]
 
 
@@ -85,6 +87,17 @@ class GenerationParameters(_Open):
     routing_key: Annotated[str, Field(min_length=1)] | None = Field(
         None, description="Pins every session of the request to one policy replica; default: the first session id."
     )
+    rtc_prefix_len: list[RtcCount | None] | RtcCount | None = Field(
+        None, description="Real-time chunking: d, actions already executing when the chunk arrives (docs/rtc.md)."
+    )
+    rtc_exec_horizon: list[RtcCount | None] | RtcCount | None = Field(
+        None, description="Real-time chunking: s, actions of the previous chunk executed between two requests."
+    )
+    action_prefix: list[ActionPrefix | None] | ActionPrefix | None = Field(
+        None,
+        description="Real-time chunking: the client's own prefix [P, D] (robot units in the raw form), for "
+        "every row or one per row; wins over the session's cached chunk.",
+    )
 
 
 class GenerationRuntime(_Open):
@@ -115,6 +128,9 @@ class SessionReportBody(_Closed):
     restart_reason: Literal[replies.RESTART_REASONS] | None  # type: ignore[valid-type]
     frame_position: Annotated[int, Field(ge=0)] = Field(description="Latent frames of the session placed so far.")
     incarnation: str | None = Field(description="Id of this session state, new at every (re)start: echo it back.")
+    rtc: Literal["client_prefix", "session_cache", "cold_start"] | None = Field(
+        None, description="Present when real-time chunking was asked: what the chunk was steered towards."
+    )
 
 
 class _ReplyExtras(_Closed):
