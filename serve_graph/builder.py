@@ -75,6 +75,9 @@ def policy_options(cfg: AppArgs) -> dict[str, Any]:
 def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
     """Validate `args` and bind the graph; raises ConfigError naming the bad field."""
     cfg = parse_app_args(args)
+    from dreamzero.device import check_serving_device  # no CUDA, no bf16, weights larger than the GPU: fail here
+
+    check_serving_device(cfg.policy.num_gpus, cfg.resolved_device, cfg.dtype, cfg.model_path)
     # Fail at start (not on the first request) for an unknown embodiment or unreadable metadata.
     try:
         load_embodiment(cfg.embodiment, cfg.metadata_path, cfg.model_path)
@@ -103,6 +106,10 @@ def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
         return_latents=cfg.return_latents,
         torch_threads=cfg.policy.torch_threads,
         rows_per_thread=cfg.policy.rows_per_thread,
+        session_max_bytes=cfg.sessions.max_bytes,
+        max_batch_rows=cfg.batching.max_batch_rows,
+        rows_per_request=cfg.batching.rows_per_request,
+        retry_after_s=cfg.http.retry_after_s,
     )
     ingress_cls = serve.ingress()(IngressDeployment)  # the ASGI app is built per replica by the class itself
     # The key is resolved here: the ingress replica's process may not see the env var named by api_key_env.
