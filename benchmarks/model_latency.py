@@ -161,7 +161,7 @@ def render(results: dict[str, dict], args, model, device_name: str, notes: list[
         lines.append(
             f"| {name} | {r['dit_steps']:.1f} | {r['chunk_ms']:.1f} | {r['denoise_ms']:.1f} | "
             f"{r['chunk_ms'] / base:.2f}x | {r['restart_ms']:.1f} | {r['peak_mb']:.0f} | {r['session_mb']:.2f} | "
-            f"{r['session_peak_mb']:.0f} |"
+            f"{r['session_peak_mb']:.1f} |"
         )
     lines += [f"\n{note}" for note in notes]
     if not args.model_path:

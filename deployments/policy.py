@@ -253,7 +253,8 @@ class PolicyDeployment:
         loop = asyncio.get_running_loop()
         default_seed = self._default_seed()
         # admission per request, before merging: a request that does not fit fails alone
-        refused = await loop.run_in_executor(self._executor, self._admit_each, batches)
+        busy = {sid for b in batches + self._batcher.queued() for sid in b.session_ids}  # never evicted for room
+        refused = await loop.run_in_executor(self._executor, self._admit_each, batches, busy)
         for i, exc in refused.items():
             outcomes[i] = _Outcome(error=exc)
         admitted = [i for i in range(len(batches)) if i not in refused]
@@ -265,10 +266,8 @@ class PolicyDeployment:
         self._update_session_gauges()
         return outcomes
 
-    def _admit_each(self, batches: list[ModelBatch]) -> dict[int, BaseException]:
+    def _admit_each(self, batches: list[ModelBatch], busy: set[str]) -> dict[int, BaseException]:
         """Admit each request's sessions (model thread); index -> error for those refused (capacity or bad input)."""
-        busy = {sid for b in batches for sid in b.session_ids}
-        busy |= {sid for b in self._batcher.queued() for sid in b.session_ids}
         refused: dict[int, BaseException] = {}
         for i, batch in enumerate(batches):
             try:

@@ -282,9 +282,23 @@ def resolve_session_budget(spec, pipeline, rows: int, log=print) -> int | None:
     if pipeline.device.type != "cuda":
         return None
     canvas = warmup_canvas_hw(pipeline)
-    split = measure_session_budget(pipeline, rows, canvas)
+    footprint = pipeline.footprint(pipeline.canvas_hw(canvas))
+    one, kv_peak = footprint.peak, max(p["kv_cache"] for p in footprint.parts)
+    free, total = torch.cuda.mem_get_info(pipeline.device)
+    before = split_budget(int(free), 0, rows, kv_peak, int(total))  # the warm-up itself must not be what OOMs
+    if before.budget < rows * one:
+        raise ConfigError(
+            f"batching.max_batch_rows={rows}: a batch of {rows} full-window sessions needs "
+            f"{before.kv_transient / 2**30:.1f} GiB of cache copies plus {rows * one / 2**30:.1f} GiB of sessions, "
+            f"more than the {free / 2**30:.1f} GiB free on {pipeline.device} after loading; lower it"
+        )
+    try:
+        split = measure_session_budget(pipeline, rows, canvas)
+    except torch.cuda.OutOfMemoryError as exc:
+        raise ConfigError(
+            f"the warm-up of batching.max_batch_rows={rows} rows ran out of device memory; lower it ({exc})"
+        ) from exc
     log(f"{split.describe()} (warm-up: {rows} rows at {canvas[0]}x{canvas[1]})")
-    one = pipeline.footprint(pipeline.canvas_hw(canvas)).peak
     if split.budget < one:
         raise ConfigError(
             f"sessions.max_bytes=auto leaves {split.budget / 2**30:.2f} GiB for sessions on {pipeline.device}, less "

@@ -196,3 +196,14 @@ def test_request_larger_than_the_row_budget_gets_413(policy):
         assert classify(info.value).status == 413
     finally:
         policy.rows_per_request = None
+
+
+def test_policy_budget_from_config(policy):
+    store = policy.pipeline.store
+    try:
+        policy._set_session_budget("64MiB", 3.0)
+        assert store.max_bytes == 64 * 2**20 and store.retry_after_s == 3.0
+        policy._set_session_budget("auto", 3.0)  # on CPU, auto means no byte limit
+        assert store.max_bytes is None
+    finally:
+        store.max_bytes = None
