@@ -413,6 +413,9 @@ class DreamZeroPipeline:
         """Reserve the peak footprint of every session of `batch` (CapacityError when they cannot fit); the ids stay
         protected from eviction until `store.release`. Validates the batch first."""
         self._validate(batch)
+        self._reserve(batch, busy)
+
+    def _reserve(self, batch: ModelBatch, busy: Iterable[str] = ()) -> None:
         # no byte budget (the CPU default): only protect the ids; sessions then count what they hold
         peak = 0 if self.store.max_bytes is None else self.footprint(self.canvas_hw(batch.images.shape[2:4])).peak
         self.store.admit({sid: peak for sid in batch.session_ids}, busy)
@@ -431,20 +434,20 @@ class DreamZeroPipeline:
         """
         t_start = time.perf_counter()
         timer = _Timer(self.device)
-        self.admit(batch)  # validates; a no-op for sessions a server admitted before merging requests
+        self._validate(batch)
+        with timer("inputs"):
+            frames = self._model_frames(batch.images)  # [B, T, 3, H, W] in [-1, 1]
+        self._reserve(batch)  # before any session is touched; a no-op for sessions a server admitted already
+        rows = self._resolve(batch)
         try:
-            with timer("inputs"):
-                frames = self._model_frames(batch.images)  # [B, T, 3, H, W] in [-1, 1]
-            rows = self._resolve(batch)
-            try:
-                return self._generate(batch, rows, frames, timer, t_start, return_latents, noise)
-            except Exception:
-                # a failed call may have advanced some caches but not the frame positions: forget these sessions so
-                # their state is never reused silently (their next call restarts as a new session)
-                self.store.drop([r.state.session_id for r in rows])
-                raise
+            return self._generate(batch, rows, frames, timer, t_start, return_latents, noise)
+        except Exception:
+            # a failed call may have advanced some caches but not the frame positions: forget these sessions so
+            # their state is never reused silently (their next call restarts as a new session)
+            self.store.drop([r.state.session_id for r in rows])
+            raise
         finally:
-            self.store.release(batch.session_ids)
+            self.store.release(batch.session_ids)  # stored sessions keep their reservation, the others return it
 
     def _generate(self, batch, rows, frames, timer, t_start, return_latents, noise) -> ChunkResult:
         n = len(batch)
