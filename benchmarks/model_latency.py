@@ -129,6 +129,8 @@ def measure_all(model, args, hw, modes: dict[str, dict] = MODES) -> dict[str, di
                 out[name]["totals"].append(res.timings_ms["total"])
                 out[name]["denoise"].append(res.timings_ms.get("denoise", 0.0))
                 out[name]["steps"].append(res.dit_steps)
+    first = next(iter(pipes.values()))
+    session_peak = first.footprint(first.canvas_hw(hw)).peak  # the formula (docs/model.md 7.1); same in every mode
     return {
         name: {
             "restart_ms": r["restart_ms"],
@@ -137,7 +139,7 @@ def measure_all(model, args, hw, modes: dict[str, dict] = MODES) -> dict[str, di
             "dit_steps": statistics.mean(r["steps"]),
             "peak_mb": r["peak_mb"],
             "session_mb": pipes[name].stats()["bytes"] / 2**20 / args.batch,
-            "session_peak_mb": pipes[name].footprint(pipes[name].canvas_hw(hw)).peak / 2**20,
+            "session_peak_mb": session_peak / 2**20,
         }
         for name, r in out.items()
     }
