@@ -343,11 +343,12 @@ class SessionStore:
         if self.ttl_s is None:
             return
         now = self._clock()
-        # least recently used first: stop at the first one still fresh
+        # least recently used first: stop at the first one still fresh; a session in an admitted call is in use
         for sid in list(self._sessions):
             if now - self._sessions[sid].last_used <= self.ttl_s:
                 break
-            self._evict(sid)
+            if sid not in self._inflight:
+                self._evict(sid)
 
 
 def _gib(n: int) -> str:

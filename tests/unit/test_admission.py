@@ -207,3 +207,16 @@ def test_policy_budget_from_config(policy):
         assert store.max_bytes is None
     finally:
         store.max_bytes = None
+
+
+def test_ttl_never_expires_a_session_in_an_admitted_call():
+    now = [0.0]
+    store = SessionStore(max_sessions=4, ttl_s=10.0, clock=lambda: now[0], max_bytes=1000)
+    store.admit({"a": 400})
+    store.put(_state("a"))
+    now[0] = 100.0  # idle far past the TTL, but its call is still running
+    store.admit({"b": 400})
+    assert "a" in store and store.reserved_bytes() == 800
+    store.release(["a", "b"])
+    store.lookup("a")  # expires now
+    assert "a" not in store and store.reserved_bytes() == 0
