@@ -7,11 +7,16 @@ restart chunk (anchor conditioning) is reported separately.
     python benchmarks/model_latency.py                                  # tiny preset, this machine's device
     python benchmarks/model_latency.py --preset droid_14b --device cuda --dtype bfloat16   # random 14B weights
     python benchmarks/model_latency.py --model-path /ckpt/DreamZero-DROID --write-docs
+    python benchmarks/model_latency.py --preset droid_14b --device cuda --compile none,dit --write-docs --section GPU
+
+`--compile none,dit` repeats every mode with the `pipeline.compile` override (where this tree's PipelineConfig has
+that knob; otherwise the compiled modes are skipped with a note). `--section` names the docs section written.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import resource
@@ -25,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dreamzero.config import preset  # noqa: E402
+from dreamzero.config import PipelineConfig, preset  # noqa: E402
 from dreamzero.device import select_device  # noqa: E402
 from dreamzero.pipeline import DreamZeroPipeline, apply_overrides  # noqa: E402
 from dreamzero.sessions import SessionStore  # noqa: E402
@@ -73,7 +78,21 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # process peak RSS (KiB on Linux)
 
 
-def measure_all(model, args, hw) -> dict[str, dict]:
+def build_modes(compile_values: list[str]) -> tuple[dict[str, dict], list[str]]:
+    """The step modes, once per compile value; notes for values this tree cannot run."""
+    has_compile = "compile" in {f.name for f in dataclasses.fields(PipelineConfig)}
+    modes, notes = {}, []
+    for value in compile_values:
+        if value != "none" and not has_compile:
+            notes.append(f"`pipeline.compile: {value}` skipped: this tree's PipelineConfig has no `compile` knob.")
+            continue
+        for name, overrides in MODES.items():
+            extra = {"compile": value} if has_compile else {}
+            modes[name if value == "none" else f"{name}, compile {value}"] = {**overrides, **extra}
+    return modes, notes
+
+
+def measure_all(model, args, hw, modes: dict[str, dict] = MODES) -> dict[str, dict]:
     """Per mode: one restart chunk, `warmup` continuing chunks, then `repeats` timed continuing chunks.
 
     Modes take turns chunk by chunk, so a busy machine slows them alike and the ratios stay meaningful. Sessions
@@ -81,7 +100,7 @@ def measure_all(model, args, hw) -> dict[str, dict]:
     """
     pipes = {
         name: DreamZeroPipeline(model, apply_overrides(model.config.pipeline, mode), SessionStore(args.batch + 1))
-        for name, mode in MODES.items()
+        for name, mode in modes.items()
     }
     device = next(iter(pipes.values())).device
     out = {name: {"totals": [], "denoise": [], "steps": [], "peak_mb": 0.0} for name in pipes}
@@ -110,6 +129,8 @@ def measure_all(model, args, hw) -> dict[str, dict]:
                 out[name]["totals"].append(res.timings_ms["total"])
                 out[name]["denoise"].append(res.timings_ms.get("denoise", 0.0))
                 out[name]["steps"].append(res.dit_steps)
+    first = next(iter(pipes.values()))
+    session_peak = first.footprint(first.canvas_hw(hw)).peak  # the formula (docs/model.md 7.1); same in every mode
     return {
         name: {
             "restart_ms": r["restart_ms"],
@@ -118,12 +139,13 @@ def measure_all(model, args, hw) -> dict[str, dict]:
             "dit_steps": statistics.mean(r["steps"]),
             "peak_mb": r["peak_mb"],
             "session_mb": pipes[name].stats()["bytes"] / 2**20 / args.batch,
+            "session_peak_mb": session_peak / 2**20,
         }
         for name, r in out.items()
     }
 
 
-def render(results: dict[str, dict], args, model, device_name: str) -> str:
+def render(results: dict[str, dict], args, model, device_name: str, notes: list[str] = ()) -> str:
     base = results["16 steps"]["chunk_ms"]
     cfg = model.config
     lines = [
@@ -134,14 +156,16 @@ def render(results: dict[str, dict], args, model, device_name: str) -> str:
         f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
         "| mode | DiT steps | chunk ms | denoise ms | chunk vs 16 steps | restart chunk ms | peak memory MiB | "
-        "session state MiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "session state MiB | session peak MiB (formula) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         lines.append(
             f"| {name} | {r['dit_steps']:.1f} | {r['chunk_ms']:.1f} | {r['denoise_ms']:.1f} | "
-            f"{r['chunk_ms'] / base:.2f}x | {r['restart_ms']:.1f} | {r['peak_mb']:.0f} | {r['session_mb']:.2f} |"
+            f"{r['chunk_ms'] / base:.2f}x | {r['restart_ms']:.1f} | {r['peak_mb']:.0f} | {r['session_mb']:.2f} | "
+            f"{r['session_peak_mb']:.1f} |"
         )
+    lines += [f"\n{note}" for note in notes]
     if not args.model_path:
         lines += [
             "",
@@ -153,11 +177,12 @@ def render(results: dict[str, dict], args, model, device_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_docs(path: Path, table: str) -> None:
-    """Replace (or append) the "Model latency" section of docs/benchmarks.md."""
+def write_docs(path: Path, table: str, heading: str = DOC_SECTION, intro: str = "") -> None:
+    """Replace (or append) the section `heading` of docs/benchmarks.md."""
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    section = f"{DOC_SECTION}\n\nWritten by `benchmarks/model_latency.py --write-docs`.\n\n{table}"
-    pattern = re.compile(rf"^{re.escape(DOC_SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    intro = intro or "Written by `benchmarks/model_latency.py --write-docs`."
+    section = f"{heading}\n\n{intro}\n\n{table}"
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
     text = pattern.sub(lambda _: section + "\n", text) if pattern.search(text) else text.rstrip() + "\n\n" + section
     path.write_text(text)
 
@@ -174,7 +199,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--canvas", help="HxW of the canvas sent (default per preset)")
     ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the table into this file")
+    ap.add_argument("--compile", default="none", help="comma-separated pipeline.compile values, e.g. none,dit")
+    ap.add_argument("--section", help="docs section title to write (default: Model latency)")
     args = ap.parse_args(argv)
+    modes, notes = build_modes([v.strip() for v in args.compile.split(",") if v.strip()])
+    if "16 steps" not in modes:
+        ap.error("--compile must include none (the 16-step baseline every ratio refers to)")
 
     model = build_model(args)
     hw = tuple(int(v) for v in args.canvas.split("x")) if args.canvas else CANVAS.get(args.preset, (32, 64))
@@ -185,14 +215,18 @@ def main(argv=None) -> int:
         device_name = torch.cuda.get_device_name(device)
     else:
         device_name = f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
-    results = measure_all(model, args, hw)
-    table = render(results, args, model, device_name)
+    results = measure_all(model, args, hw, modes)
+    table = render(results, args, model, device_name, notes)
     print(table)
     if args.write_docs:
         path = Path(args.write_docs)
         if not path.is_absolute():
             path = Path(__file__).resolve().parents[1] / path
-        write_docs(path, table)
+        if args.section:
+            intro = "Written by `scripts/gpu-check.sh` (`benchmarks/model_latency.py --section " + args.section + "`)."
+            write_docs(path, table, f"## {args.section}", intro)
+        else:
+            write_docs(path, table)
         print(f"wrote {path}")
     return 0
 

@@ -17,6 +17,11 @@ ends the wait): clients that start together (parallel simulation environments, a
 one batch. That matters beyond their first call: a session restarts when its window is full, a fixed number of
 chunks after it started, so sessions started apart keep their expensive restarts in different, smaller batches for
 good. The price is `COMPANY_GAP * wait_s` on a lone session's first call.
+
+A batch is bounded twice: at most `max_batch_size` requests and at most `max_batch_rows` rows (`rows_of(item)`: the
+policy counts session rows, B per request; the model runs twice as many with classifier-free guidance). Requests are
+taken in arrival order and never split; the first request that does not fit waits for the next batch. A request
+larger than `max_batch_rows` must be refused before `submit` (the policy does); if one arrives anyway it runs alone.
 """
 
 from __future__ import annotations
@@ -44,10 +49,16 @@ class ContinuousBatcher(Generic[Item, Result]):
         max_batch_size: int,
         wait_s: float,
         wants_company: Callable[[Item], bool] | None = None,
+        rows_of: Callable[[Item], int] | None = None,
+        max_batch_rows: int | None = None,
     ):
         if max_batch_size < 1 or wait_s < 0:
             raise ValueError(f"max_batch_size must be >= 1 and wait_s >= 0, got {max_batch_size}, {wait_s}")
+        if max_batch_rows is not None and max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows must be >= 1 or None, got {max_batch_rows}")
         self._run, self.max_batch_size, self.wait_s = run, max_batch_size, wait_s
+        self._rows_of = rows_of or (lambda item: 1)
+        self.max_batch_rows = max_batch_rows
         self._wants_company = wants_company
         self._queue: list[tuple[Item, asyncio.Future]] = []
         self._arrived: asyncio.Event | None = None  # created on the serving loop
@@ -63,6 +74,31 @@ class ContinuousBatcher(Generic[Item, Result]):
         self._queue.append((item, future))
         self._arrived.set()
         return await future
+
+    def queued(self) -> list[Item]:
+        """Items waiting for a batch (their sessions are busy: admission must not evict them)."""
+        return [item for item, fut in self._queue if not fut.done()]
+
+    def _queued_rows(self) -> int:
+        return sum(self._rows_of(item) for item, fut in self._queue if not fut.done())
+
+    def _take(self) -> list[tuple[Item, asyncio.Future]]:
+        """The next batch: queued requests in arrival order while they fit both bounds (at least one)."""
+        taken: list[tuple[Item, asyncio.Future]] = []
+        rows, i = 0, 0
+        while i < len(self._queue) and len(taken) < self.max_batch_size:
+            item, fut = self._queue[i]
+            if fut.done():  # its caller gave up
+                i += 1
+                continue
+            n = self._rows_of(item)
+            if taken and self.max_batch_rows is not None and rows + n > self.max_batch_rows:
+                break
+            taken.append((item, fut))
+            rows += n
+            i += 1
+        self._queue = self._queue[i:]
+        return taken
 
     def _target(self) -> tuple[int, float | None]:
         """How many queued requests the next batch waits for (at most `wait_s`), and the arrival gap that ends the
@@ -91,7 +127,8 @@ class ContinuousBatcher(Generic[Item, Result]):
             while True:
                 target, gap = self._target()
                 remaining = deadline - loop.time()
-                if len(self._queue) >= target or remaining <= 0:
+                full_rows = self.max_batch_rows is not None and self._queued_rows() >= self.max_batch_rows
+                if len(self._queue) >= target or remaining <= 0 or full_rows:
                     break
                 timeout = remaining if gap is None or len(self._queue) < informed else min(remaining, gap)
                 self._arrived.clear()
@@ -100,8 +137,7 @@ class ContinuousBatcher(Generic[Item, Result]):
                 except asyncio.TimeoutError:
                     break
             # 2. take what is queued (callers that gave up are dropped) and run it
-            taken, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size :]
-            taken = [(item, fut) for item, fut in taken if not fut.done()]
+            taken = self._take()
             if not taken:
                 continue
             try:

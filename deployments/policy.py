@@ -5,6 +5,10 @@ waiting at most `batch_wait_timeout_s` for the clients of the previous batch) in
 Requests are only merged when their arrays stack (same frame count and canvas size) and when they share no session
 (one in-flight step per session, in arrival order). Inside a model call every row shares the same forwards, whatever
 its session's frame position (restarting rows add one prefill). A failing group fails only its own requests.
+
+Memory is admitted per request before requests are merged (dreamzero.sessions, docs/model.md "Memory and admission"):
+a request whose sessions do not fit the byte budget gets CapacityError (503 + Retry-After) alone; batches are bounded
+in session rows (`max_batch_rows`) and a request larger than a batch or than `rows_per_request` gets 413.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import numpy as np
 from ray import serve
 
 from deployments.batcher import ContinuousBatcher
-from dreamzero.errors import InvalidRequest
+from dreamzero.errors import CapacityError, InvalidRequest, PayloadTooLarge
 from dreamzero.types import ChunkResult, ModelBatch
 from serve_graph.metrics import serving_metrics
 
@@ -218,10 +222,16 @@ class PolicyDeployment:
         replay: dict | None = None,
         embodiment: str = "oxe_droid",
         metadata_path: str | None = None,
+        session_max_bytes: int | str | None = None,
+        max_batch_rows: int | None = None,
+        rows_per_request: int | None = None,
+        retry_after_s: float = 5.0,
     ):
         t0 = time.perf_counter()
         self._threads = CpuThreads(torch_threads, rows_per_thread) if torch_threads and device == "cpu" else None
-        if replay is not None:  # recorded actions instead of a model (deployments/replay.py)
+        self.max_batch_rows = max_batch_rows or max_sessions  # a request never holds more sessions than that
+        self.rows_per_request = rows_per_request
+        if replay is not None:  # recorded actions instead of a model (deployments/replay.py); no tensors to budget
             self.pipeline = load_replay(replay, embodiment, metadata_path, model_path, max_sessions)
         else:
             self.pipeline = load_pipeline(
@@ -233,6 +243,7 @@ class PolicyDeployment:
                 max_sessions=max_sessions,
                 session_ttl_s=session_ttl_s,
             )
+            self._set_session_budget(session_max_bytes, retry_after_s)
         replica = _replica_name()
         self.replica = replica or f"local-{uuid.uuid4().hex[:8]}"
         self.return_latents = return_latents
@@ -244,7 +255,12 @@ class PolicyDeployment:
         # requests run one by one, as before.
         self._batching = batching and replica is not None
         self._batcher = ContinuousBatcher(
-            self._generate_many, max_batch_size, batch_wait_timeout_s, wants_company=self._starts_session
+            self._generate_many,
+            max_batch_size,
+            batch_wait_timeout_s,
+            wants_company=self._starts_session,
+            rows_of=len,
+            max_batch_rows=self.max_batch_rows,
         )
         self._evictions_seen = 0
         log.info("policy replica %s ready in %.1f s", self.replica, time.perf_counter() - t0)
@@ -253,6 +269,7 @@ class PolicyDeployment:
     async def generate(self, batch: ModelBatch) -> PolicyOutput:
         if not isinstance(batch, ModelBatch) or len(batch) == 0:
             raise InvalidRequest("the policy needs a ModelBatch with at least one session row")
+        self._check_rows(len(batch))
         if self._batching:
             outcome = await self._batcher.submit(batch)
         else:
@@ -266,7 +283,37 @@ class PolicyDeployment:
         self.metrics.batch_requests.observe(len(batches))
         loop = asyncio.get_running_loop()
         default_seed = self._default_seed()
-        for members in plan_groups(batches):
+        # admission per request, before merging: a request that does not fit fails alone
+        busy = {sid for b in batches + self._batcher.queued() for sid in b.session_ids}  # never evicted for room
+        refused = await loop.run_in_executor(self._executor, self._admit_each, batches, busy)
+        for i, exc in refused.items():
+            outcomes[i] = _Outcome(error=exc)
+        admitted = [i for i in range(len(batches)) if i not in refused]
+        try:
+            await self._run_groups(batches, admitted, outcomes, default_seed)
+        finally:
+            # ids of requests that never reached the model give their reservation back
+            self.pipeline.store.release([sid for i in admitted for sid in batches[i].session_ids])
+        self._update_session_gauges()
+        return outcomes
+
+    def _admit_each(self, batches: list[ModelBatch], busy: set[str]) -> dict[int, BaseException]:
+        """Admit each request's sessions (model thread); index -> error for those refused (capacity or bad input)."""
+        refused: dict[int, BaseException] = {}
+        for i, batch in enumerate(batches):
+            try:
+                self.pipeline.admit(batch, busy)
+            except CapacityError as exc:
+                self.metrics.admissions_refused.inc()
+                refused[i] = exc
+            except Exception as exc:  # noqa: BLE001 - bad input fails its own request only
+                refused[i] = exc
+        return refused
+
+    async def _run_groups(self, batches, admitted: list[int], outcomes: list, default_seed: int) -> None:
+        loop = asyncio.get_running_loop()
+        for part in plan_groups([batches[i] for i in admitted]):
+            members = [admitted[j] for j in part]
             group = [batches[i] for i in members]
             try:
                 merged = merge_batches(group, default_seed)
@@ -281,8 +328,6 @@ class PolicyDeployment:
             except Exception as exc:  # noqa: BLE001 - handed back to exactly the requests of this group
                 for i in members:
                     outcomes[i] = _Outcome(error=exc)
-        self._update_session_gauges()
-        return outcomes
 
     def _starts_session(self, batch: ModelBatch) -> bool:
         """Does this request start (or reset) a session? Such requests wait for company (deployments.batcher)."""
@@ -344,13 +389,30 @@ class PolicyDeployment:
             executor.shutdown(wait=False, cancel_futures=True)
 
     # --- helpers ----------------------------------------------------------------------------------------------
+    def _set_session_budget(self, spec: int | str | None, retry_after_s: float) -> None:
+        """`sessions.max_bytes` -> the store's budget (auto: measured after a warm-up of the largest batch on GPU)."""
+        from dreamzero.device import resolve_session_budget
+
+        store = self.pipeline.store
+        store.retry_after_s = retry_after_s
+        store.max_bytes = resolve_session_budget(spec, self.pipeline, self.max_batch_rows, log.info)
+        log.info("session byte budget: %s", "none" if store.max_bytes is None else f"{store.max_bytes} bytes")
+
+    def _check_rows(self, rows: int) -> None:
+        for limit, name in (
+            (self.rows_per_request, "batching.rows_per_request"),
+            (self.max_batch_rows, "batching.max_batch_rows"),
+        ):
+            if limit is not None and rows > limit:
+                raise PayloadTooLarge(f"the request holds {rows} session rows, more than {name}={limit}; split it")
+
     def _default_seed(self) -> int:
         return int(self.pipeline.config.default_seed)
 
     def _update_session_gauges(self) -> None:
-        stats = self.pipeline.stats()  # SessionStore.stats(): live, bytes, evictions (a running total), ...
+        stats = self.pipeline.stats()  # SessionStore.stats(): live, bytes, reserved_bytes, max_bytes, evictions, ...
         self.metrics.live_sessions.set(float(stats["live"]))
-        self.metrics.session_bytes.set(float(stats["bytes"]))
+        self.metrics.observe_session_bytes(stats.get("reserved_bytes"), stats["bytes"], stats.get("max_bytes"))
         if stats["evictions"] > self._evictions_seen:
             self.metrics.evictions.inc(stats["evictions"] - self._evictions_seen)
             self._evictions_seen = stats["evictions"]

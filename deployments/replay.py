@@ -66,6 +66,9 @@ class ReplayStore:
         while len(self._evicted) > self._remember:
             self._evicted.popitem(last=False)
 
+    def release(self, session_ids) -> None:
+        """Admission bookkeeping of the model's store (a cursor holds no tensors: nothing to release)."""
+
     def stats(self) -> dict:
         # the keys of SessionStore.stats() that the Policy deployment's gauges read; a cursor holds no tensors
         return {"live": len(self.cursors), "max_sessions": self.max_sessions, "evictions": self.evictions, "bytes": 0}
@@ -120,6 +123,9 @@ class ReplayPipeline:
                     SessionReport(sid, cursor.step, reason is not None, reason, cursor.row, cursor.incarnation, rtc)
                 )
         return ChunkResult(actions, reports, timings_ms={"total": (time.perf_counter() - t0) * 1e3})
+
+    def admit(self, batch: ModelBatch, busy=()) -> None:
+        """The model pipeline's admission step: recorded actions hold no tensors, so every session fits."""
 
     def reset_sessions(self, session_ids) -> None:
         with self._lock:

@@ -38,7 +38,14 @@ from dreamzero.errors import ConfigError, InvalidObservation
 from dreamzero.model.dit import CausalWanDiT, CrossContext
 from dreamzero.model.scheduler import FlowUniPCScheduler
 from dreamzero.model.vae import split_state, stack_states
-from dreamzero.sessions import BRANCHES, SessionState, SessionStore
+from dreamzero.sessions import (
+    BRANCHES,
+    SessionFootprint,
+    SessionState,
+    SessionStore,
+    session_footprint,
+    vae_state_nbytes,
+)
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 
 log = logging.getLogger(__name__)
@@ -379,6 +386,7 @@ class DreamZeroPipeline:
         self._prompt_rows: OrderedDict[str, torch.Tensor] = OrderedDict()
         self.compiled = compile_model(model, self.config.compile)
         self.warmup_ms: float | None = None
+        self._footprints: dict[tuple[int, int], SessionFootprint] = {}
 
     # -- construction ------------------------------------------------------------------------------------------------
 
@@ -464,6 +472,45 @@ class DreamZeroPipeline:
     def stats(self) -> dict:
         return self.store.stats()
 
+    # -- admission by bytes (docs/model.md, "Memory and admission") ----------------------------------------------------
+
+    def canvas_hw(self, images_hw: tuple[int, int]) -> tuple[int, int]:
+        """The model-input size of frames sent at `images_hw`."""
+        hw = self.config.model_input_hw
+        return tuple(hw) if hw is not None else tuple(images_hw)
+
+    def footprint(self, canvas_hw: tuple[int, int]) -> SessionFootprint:
+        """A session's bytes chunk by chunk at this model-input size (cached per size)."""
+        canvas_hw = tuple(int(v) for v in canvas_hw)
+        if canvas_hw not in self._footprints:
+            vae_bytes = 0
+            if self.dit_cfg.has_image_input and self.dit_cfg.concat_first_frame_latent:
+                vae = self.model.vae
+                vae_bytes = vae_state_nbytes(vae, canvas_hw, self.dtype, self.dit_cfg.num_frame_per_block)
+            enc = getattr(getattr(self.model, "config", None), "image_encoder", None)
+            clip_tokens = (enc.image_size // enc.patch_size) ** 2 + 1 if enc is not None else 257
+            self._footprints[canvas_hw] = session_footprint(
+                self.dit_cfg,
+                self.config,
+                canvas_hw,
+                torch.empty((), dtype=self.dtype).element_size(),
+                vae_bytes,
+                getattr(self.model.vae, "spatial_factor", 8),
+                clip_tokens,
+            )
+        return self._footprints[canvas_hw]
+
+    def admit(self, batch: ModelBatch, busy: Iterable[str] = ()) -> None:
+        """Reserve the peak footprint of every session of `batch` (CapacityError when they cannot fit); the ids stay
+        protected from eviction until `store.release`. Validates the batch first."""
+        self._validate(batch)
+        self._reserve(batch, busy)
+
+    def _reserve(self, batch: ModelBatch, busy: Iterable[str] = ()) -> None:
+        # no byte budget (the CPU default): only protect the ids; sessions then count what they hold
+        peak = 0 if self.store.max_bytes is None else self.footprint(self.canvas_hw(batch.images.shape[2:4])).peak
+        self.store.admit({sid: peak for sid in batch.session_ids}, busy)
+
     # -- generate ------------------------------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -481,6 +528,7 @@ class DreamZeroPipeline:
         self._validate(batch)
         with timer("inputs"):
             frames = self._model_frames(batch.images)  # [B, T, 3, H, W] in [-1, 1]
+        self._reserve(batch)  # before any session is touched; a no-op for sessions a server admitted already
         rows = self._resolve(batch)
         try:
             return self._generate(batch, rows, frames, timer, t_start, return_latents, noise)
@@ -489,6 +537,8 @@ class DreamZeroPipeline:
             # their state is never reused silently (their next call restarts as a new session)
             self.store.drop([r.state.session_id for r in rows])
             raise
+        finally:
+            self.store.release(batch.session_ids)  # stored sessions keep their reservation, the others return it
 
     def _generate(self, batch, rows, frames, timer, t_start, return_latents, noise) -> ChunkResult:
         n = len(batch)
@@ -638,6 +688,8 @@ class DreamZeroPipeline:
                 if state is not None and state.negative_prompt == negative and "uncond" in old_text:
                     keep["uncond"] = old_text["uncond"]
                 prev_chunk = rtc.carried_chunk(state, reason)  # the robot's motion outlives some model restarts
+                if state is not None:
+                    state.release_tensors()  # the old caches go before the new ones come: never two footprints
                 state = SessionState(
                     session_id=sid, prompt=prompt, negative_prompt=negative, text_cache=keep, prev_chunk=prev_chunk
                 )
@@ -742,8 +794,9 @@ class DreamZeroPipeline:
                 first_latent = self._vae_encode(anchors.unsqueeze(2))[:, :, :1]
         for gi, s in enumerate(states):
             s.first_frame = anchors[gi].to(self.dtype).clone()
-            s.clip_feature = clip[gi : gi + 1] if cfg.has_image_input else None
-            s.y = y[gi : gi + 1] if y is not None else None
+            # own storage when batched: a session must not pin the batch's tensors (its bytes are what it holds)
+            s.clip_feature = (clip[gi : gi + 1].clone() if g > 1 else clip) if cfg.has_image_input else None
+            s.y = (y[gi : gi + 1].clone() if g > 1 else y) if y is not None else None
             s.vae_state = vae_states[gi]
             s.latent_hw = tuple(first_latent.shape[-2:])
             s.current_start_frame = 0

@@ -2,8 +2,13 @@
 
 A session is one robot / one environment slot. Everything the next chunk needs lives in its `SessionState`
 (KV caches per CFG branch, text embeddings, CLIP feature, first-frame conditioning, frame position, step count), so a
-server can hold many, evict idle ones and account for their memory. The store never refuses a session: when full it
-evicts the least recently used idle one and remembers the id, so that session's next call reports `evicted`.
+server can hold many, evict idle ones and account for their memory. When the count is full the store evicts the least
+recently used idle session and remembers the id, so that session's next call reports `evicted`.
+
+Memory is admitted, not discovered: before a call, each of its sessions reserves its peak footprint (the bytes it will
+hold when its window is fullest, `SessionFootprint`, computed from the configs and the canvas), so a session never
+grows past what was admitted. A request whose new sessions do not fit the byte budget, even after evicting idle
+sessions, gets `CapacityError` (503 + Retry-After) and nothing else is touched (docs/model.md, "Memory and admission").
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dreamzero.errors import ConfigError
+from dreamzero.errors import CapacityError, ConfigError
 from dreamzero.types import RESTART_REASONS
 
 BRANCHES = ("cond", "uncond")  # classifier-free guidance branches, each with its own KV cache
@@ -78,6 +83,74 @@ class SessionState:
         tensors += [t for t in self.vae_state or () if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    def release_tensors(self) -> None:
+        """Let go of the model-state tensors (a restart replaces them; the new state must not double the footprint)."""
+        self.kv_cache, self.clip_feature, self.y, self.vae_state, self.first_frame = [], None, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The footprint formula
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SessionFootprint:
+    """Bytes one session holds after each chunk of its life (chunk 0 = its (re)start), by part.
+
+    `by_chunk[k]` = KV + text + CLIP + y + VAE state + first frame after chunk k; the session restarts (reason
+    `window_full`) after the last entry, so `peak` bounds it for good. Formula: docs/model.md, "Memory and admission".
+    """
+
+    by_chunk: tuple[int, ...]
+    parts: tuple[dict[str, int], ...]
+
+    @property
+    def peak(self) -> int:
+        return max(self.by_chunk)
+
+
+def session_footprint(
+    dit,
+    pipeline,
+    canvas_hw: tuple[int, int],
+    element_size: int,
+    vae_state_bytes: int = 0,
+    spatial_factor: int = 8,
+    clip_tokens: int = 257,
+) -> SessionFootprint:
+    """A session's bytes after each chunk, from `DiTConfig` `dit`, `PipelineConfig` `pipeline`, the model-input canvas
+    (H, W) (after `model_input_hw`), the model dtype's element size and the VAE encoder state of one row at that canvas
+    (`vae_state_nbytes`; only i2v sessions with `conditioning_by_chunk` hold one until their conditioning is complete)
+    and the CLIP tokens (257 for ViT-H/14 at 224 px: 16 x 16 patches + the class token).
+    """
+    h, w = canvas_hw
+    nb = 1 if pipeline.cfg_scale == 1.0 else len(BRANCHES)  # CFG branches, each with its own KV rows and text rows
+    nfpb, window = dit.num_frame_per_block, dit.max_attention_frames
+    i2v = dit.has_image_input
+    cond = i2v and dit.concat_first_frame_latent
+    y_window = 1 + (pipeline.num_frames - 1) // 4  # latent frames of the whole conditioning window
+    restart_pixels = min(1 + 4 * nfpb, pipeline.num_frames) if pipeline.conditioning_by_chunk else pipeline.num_frames
+    y_frames = 1 + (restart_pixels - 1) // 4
+    latent_hw = (h // spatial_factor) * (w // spatial_factor)
+    by_chunk, parts = [], []
+    k = 0
+    while k == 0 or 1 + nfpb * k < window:  # a call at frame position >= window restarts the session instead
+        if k > 0 and pipeline.conditioning_by_chunk:
+            y_frames = max(y_frames, 1 + nfpb * (k + 1))  # _extend_conditioning: up to the next block's frames
+        kv_frames = min(1 + nfpb * k, window)  # frame 0 at the start, then one observed block per chunk
+        part = {
+            "kv_cache": dit.num_layers * 2 * nb * kv_frames * dit.frame_seqlen * dit.dim * element_size,
+            "text": nb * dit.text_len * dit.text_dim * element_size,
+            "clip": clip_tokens * dit.image_dim * element_size if i2v else 0,
+            "y": (dit.in_dim - dit.out_dim) * y_frames * latent_hw * element_size if cond else 0,
+            "vae_state": vae_state_bytes if cond and y_frames < y_window else 0,
+            "first_frame": 3 * h * w * element_size,
+        }
+        parts.append(part)
+        by_chunk.append(sum(part.values()))
+        k += 1
+    return SessionFootprint(tuple(by_chunk), tuple(parts))
+
 
 class SessionStore:
     """LRU/TTL-bounded map session_id -> SessionState, with eviction memory and restart statistics.
@@ -87,6 +160,10 @@ class SessionStore:
     `ttl_s` (None = never) drops sessions idle for longer. Evicted ids are remembered (at most `remember_evicted`,
     oldest forgotten first) so `lookup` can tell "evicted" from "new_session". A lock makes every method atomic,
     enough for one asyncio replica that also runs the model in a worker thread.
+
+    Bytes are counted as reservations: `admit` reserves each session's peak footprint before its call (a session
+    stored without one reserves what it holds), so the budget holds at every chunk, not only between calls.
+    `retry_after_s` is the hint a refused request gets.
     """
 
     def __init__(
@@ -96,6 +173,7 @@ class SessionStore:
         clock: Callable[[], float] = time.monotonic,
         remember_evicted: int | None = None,
         max_bytes: int | None = None,
+        retry_after_s: float = 5.0,
     ):
         if max_sessions < 1:
             raise ConfigError(f"max_sessions must be >= 1, got {max_sessions}")
@@ -113,6 +191,10 @@ class SessionStore:
         self._lock = threading.RLock()
         self.evictions = 0
         self.restarts: Counter[str] = Counter()
+        self.retry_after_s = retry_after_s
+        self._reserved: dict[str, int] = {}  # session id -> bytes reserved (live sessions and admitted new ones)
+        self._inflight: set[str] = set()  # admitted and not yet released: never evicted for room
+        self.refusals = 0  # requests refused for bytes
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -142,19 +224,22 @@ class SessionStore:
             self._sessions[state.session_id] = state
             self._sessions.move_to_end(state.session_id)
             self._evicted.pop(state.session_id, None)
-            keep = set(protect) | {state.session_id}
+            sid = state.session_id
+            self._reserved[sid] = max(self._reserved.get(sid, 0), state.nbytes())
+            keep = set(protect) | {state.session_id} | self._inflight
             while len(self._sessions) > self.max_sessions:
                 victim = next((sid for sid in self._sessions if sid not in keep), None)
                 if victim is None:
                     victim = next(sid for sid in self._sessions if sid != state.session_id)
                 self._evict(victim)
             if self.max_bytes is not None:
-                # only idle sessions go for bytes: the batch in flight needs its state, whatever its size
-                total = sum(s.nbytes() for s in self._sessions.values())
+                # only idle sessions go for bytes: the batch in flight needs its state, whatever its size (a store
+                # used through `admit` is already within budget; this covers sessions stored without admission)
+                total = self.reserved_bytes()
                 for sid in [sid for sid in self._sessions if sid not in keep]:
                     if total <= self.max_bytes:
                         break
-                    total -= self._sessions[sid].nbytes()
+                    total -= self._reserved.get(sid, 0)
                     self._evict(sid)
 
     def drop(self, session_ids: Iterable[str]) -> int:
@@ -164,7 +249,58 @@ class SessionStore:
             for sid in session_ids:
                 n += self._sessions.pop(sid, None) is not None
                 self._evicted.pop(sid, None)
+                if sid not in self._inflight:
+                    self._reserved.pop(sid, None)
             return n
+
+    # -- admission by bytes --------------------------------------------------------------------------------------------
+
+    def admit(self, needs: dict[str, int], busy: Iterable[str] = ()) -> None:
+        """Reserve `needs[sid]` bytes (the session's peak footprint) for every session of one request, all or nothing.
+
+        Sessions already holding that much reserve nothing more. When the budget is short, idle sessions (least
+        recently used first; not in this request, not admitted and unreleased, not in `busy`, e.g. queued requests)
+        are evicted until it fits; if it cannot fit even then, nothing is touched and `CapacityError` says why.
+        Every admitted id stays protected until `release`.
+        """
+        with self._lock:
+            self._expire()
+            extra = sum(max(0, int(n) - self._reserved.get(sid, 0)) for sid, n in needs.items())
+            if self.max_bytes is not None and extra > 0:
+                total = self.reserved_bytes()
+                if total + extra > self.max_bytes:
+                    keep = set(busy) | self._inflight | set(needs)
+                    idle = [sid for sid in self._sessions if sid not in keep]  # least recently used first
+                    freeable = sum(self._reserved.get(sid, 0) for sid in idle)
+                    if total + extra - freeable > self.max_bytes:
+                        self.refusals += 1
+                        raise CapacityError(
+                            f"session memory budget full: {len(needs)} session(s) need {_gib(extra)} more, "
+                            f"{_gib(total)} of sessions.max_bytes={_gib(self.max_bytes)} is reserved by "
+                            f"{len(self._reserved)} session(s) in use or queued; retry later or raise "
+                            "sessions.max_bytes / add replicas",
+                            retry_after_s=self.retry_after_s,
+                        )
+                    for sid in idle:
+                        if total + extra <= self.max_bytes:
+                            break
+                        total -= self._reserved.get(sid, 0)
+                        self._evict(sid)
+            for sid, n in needs.items():
+                self._reserved[sid] = max(self._reserved.get(sid, 0), int(n))
+                self._inflight.add(sid)
+
+    def release(self, session_ids: Iterable[str]) -> None:
+        """The call of these sessions is over: stored ones keep their reservation, the others give it back."""
+        with self._lock:
+            for sid in session_ids:
+                self._inflight.discard(sid)
+                if sid not in self._sessions:
+                    self._reserved.pop(sid, None)
+
+    def reserved_bytes(self) -> int:
+        with self._lock:
+            return sum(self._reserved.values())
 
     def record_restart(self, reason: str) -> None:
         if reason not in RESTART_REASONS:
@@ -186,6 +322,8 @@ class SessionStore:
                 "max_sessions": self.max_sessions,
                 "max_bytes": self.max_bytes,
                 "bytes": sum(s.nbytes() for s in self._sessions.values()),
+                "reserved_bytes": self.reserved_bytes(),
+                "refusals": self.refusals,
                 "evictions": self.evictions,
                 "restarts": {r: self.restarts.get(r, 0) for r in RESTART_REASONS},
             }
@@ -194,6 +332,7 @@ class SessionStore:
 
     def _evict(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
+        self._reserved.pop(session_id, None)
         self._evicted[session_id] = None
         self._evicted.move_to_end(session_id)
         while len(self._evicted) > self._remember:
@@ -204,8 +343,25 @@ class SessionStore:
         if self.ttl_s is None:
             return
         now = self._clock()
-        # least recently used first: stop at the first one still fresh
+        # least recently used first: stop at the first one still fresh; a session in an admitted call is in use
         for sid in list(self._sessions):
             if now - self._sessions[sid].last_used <= self.ttl_s:
                 break
-            self._evict(sid)
+            if sid not in self._inflight:
+                self._evict(sid)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def vae_state_nbytes(vae, canvas_hw: tuple[int, int], dtype: torch.dtype, num_frame_per_block: int) -> int:
+    """Bytes of one row's causal VAE encoder state after a restart's conditioning frames at `canvas_hw`, measured by
+    running the encoder on the meta device (shapes only: nothing is allocated or computed)."""
+    from dreamzero.model.vae import WanVAE
+
+    with torch.device("meta"):
+        meta = WanVAE(vae.cfg if hasattr(vae, "cfg") else vae).to(dtype)
+    video = torch.zeros(1, 3, 1 + 4 * num_frame_per_block, *canvas_hw, device="meta", dtype=dtype)
+    _, state = meta.encode_causal(video)
+    return sum(t.numel() * t.element_size() for t in state if t is not None)

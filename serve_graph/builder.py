@@ -77,6 +77,9 @@ def policy_options(cfg: AppArgs) -> dict[str, Any]:
 def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
     """Validate `args` and bind the graph; raises ConfigError naming the bad field."""
     cfg = parse_app_args(args)
+    from dreamzero.device import check_serving_device  # no CUDA, no bf16, weights larger than the GPU: fail here
+
+    check_serving_device(cfg.policy.num_gpus, cfg.resolved_device, cfg.dtype, cfg.model_path)
     # Fail at start (not on the first request) for an unknown embodiment or unreadable metadata.
     try:
         load_embodiment(cfg.embodiment, cfg.metadata_path, cfg.model_path)
@@ -108,6 +111,10 @@ def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
         replay=None if cfg.policy.replay is None else cfg.policy.replay.model_dump(),
         embodiment=cfg.embodiment,
         metadata_path=cfg.metadata_path,
+        session_max_bytes=cfg.sessions.max_bytes,
+        max_batch_rows=cfg.batching.max_batch_rows,
+        rows_per_request=cfg.batching.rows_per_request,
+        retry_after_s=cfg.http.retry_after_s,
     )
     # The key is resolved here: the ingress replica's process may not see the env var named by api_key_env.
     ingress_args = cfg.model_copy(update={"api_key": cfg.resolved_api_key, "api_key_env": None}).model_dump()

@@ -116,6 +116,22 @@ class SessionArgs(_Strict):
         128, ge=1, description="Sessions one replica keeps; the least recently used idle one is evicted beyond it."
     )
     ttl_s: float = Field(900.0, gt=0, description="Idle seconds after which a session is evicted.")
+    max_bytes: int | str | None = Field(
+        "auto",
+        description="Bytes the sessions of one replica may reserve (each its peak footprint): a count, a size like "
+        "'40GiB', or auto: on GPU the free memory after loading and a warm-up of the largest batch, less that "
+        "batch's activations and a margin; on CPU no limit. A request that does not fit gets 503 (docs/model.md).",
+    )
+
+    @field_validator("max_bytes")
+    @classmethod
+    def _size(cls, v: int | str | None) -> int | str | None:
+        from dreamzero.device import parse_bytes
+
+        try:
+            return parse_bytes(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
 
 
 class BatchingArgs(_Strict):
@@ -123,6 +139,16 @@ class BatchingArgs(_Strict):
 
     enabled: bool = Field(True, description="Batch concurrent compatible requests into one forward pass.")
     max_batch_size: int = Field(16, ge=1, description="Most requests merged into one batch.")
+    max_batch_rows: int | None = Field(
+        None,
+        ge=1,
+        description="Most session rows in one model call (a request with B sessions is B rows; classifier-free "
+        "guidance runs 2 model rows per session row); null: sessions.max_sessions. A larger request "
+        "gets 413. On GPU the warm-up runs a batch of this size.",
+    )
+    rows_per_request: int | None = Field(
+        None, ge=1, description="Most sessions (B) one request may carry; null: no limit beyond max_batch_rows."
+    )
     batch_wait_timeout_s: float = Field(
         0.005,
         ge=0,

@@ -34,9 +34,6 @@ class ServingMetrics:
             tag_keys=("stage",),
         )
         self.live_sessions = Gauge("dreamzero_live_sessions", description="Sessions held by this policy replica.")
-        self.session_bytes = Gauge(
-            "dreamzero_session_bytes", description="Bytes of tensors held by this policy replica's sessions."
-        )
         self.session_restarts = Counter(
             "dreamzero_session_restarts_total",
             description="Session (re)starts reported to clients, by reason.",
@@ -56,11 +53,26 @@ class ServingMetrics:
             boundaries=BATCH_BOUNDARIES,
         )
         self.ws_connections = Gauge("dreamzero_ws_connections", description="Open OpenPI WebSocket connections.")
+        self.session_bytes = Gauge(
+            "dreamzero_session_bytes",
+            description="Session memory of this policy replica: `reserved` (peak footprints admitted), `held` (what "
+            "the sessions' tensors hold now), `budget` (sessions.max_bytes; absent without a limit).",
+            tag_keys=("kind",),
+        )
+        self.admissions_refused = Counter(
+            "dreamzero_admissions_refused_total",
+            description="Requests refused with 503 because their sessions did not fit the session byte budget.",
+        )
 
     # convenience recorders ------------------------------------------------------------------------------------
     def observe_stages(self, timings_ms: dict[str, float]) -> None:
         for stage, ms in timings_ms.items():
             self.stage_latency_ms.observe(float(ms), tags={"stage": stage})
+
+    def observe_session_bytes(self, reserved, held, budget) -> None:
+        for kind, value in (("reserved", reserved), ("held", held), ("budget", budget)):
+            if isinstance(value, (int, float)):
+                self.session_bytes.set(float(value), tags={"kind": kind})
 
     def observe_sessions(self, reports: Iterable[SessionReport]) -> None:
         for report in reports:

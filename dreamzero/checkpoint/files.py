@@ -10,8 +10,19 @@ from pathlib import Path
 
 from dreamzero.errors import CheckpointError
 
-_ST_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}
-_ST_DTYPES.update({"F8_E4M3": 1, "F8_E5M2": 1})
+SAFETENSORS_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
+SAFETENSORS_DTYPE_BYTES.update({"F8_E4M3": 1, "F8_E5M2": 1})
 
 
 def read_json(path: Path, what: str) -> dict:
@@ -53,7 +64,7 @@ def read_safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]
             dtype, shape, (start, stop) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointError(f"shard {path} is corrupt: bad header entry for {key!r}") from exc
-        if dtype in _ST_DTYPES and stop - start != math.prod(shape) * _ST_DTYPES[dtype]:
+        if dtype in SAFETENSORS_DTYPE_BYTES and stop - start != math.prod(shape) * SAFETENSORS_DTYPE_BYTES[dtype]:
             raise CheckpointError(f"shard {path} is corrupt: {key!r} spans {stop - start} bytes for {dtype}{shape}")
         out[key] = (dtype, shape)
         end = max(end, stop)

@@ -7,6 +7,7 @@ from collections import deque
 
 import numpy as np
 import pytest
+import torch
 from ray import exceptions as ray_exc
 from ray.serve import exceptions as serve_exc
 
@@ -157,9 +158,14 @@ class _CountingPipeline:
 
     def __init__(self):
         from dreamzero.config import preset
+        from dreamzero.sessions import SessionStore
 
         self.action_horizon, self.max_action_dim = 24, 32
         self.config, self.calls = preset("tiny").pipeline, []
+        self.store, self.device = SessionStore(), torch.device("cpu")
+
+    def admit(self, batch, busy=()):
+        self.store.admit({sid: 0 for sid in batch.session_ids}, busy)
 
     def generate(self, batch):
         self.calls.append(list(batch.session_ids))
@@ -170,7 +176,7 @@ class _CountingPipeline:
         return ChunkResult(actions=np.zeros((b, 24, 32), np.float32), sessions=reports)
 
     def stats(self):
-        return {"live": 0, "bytes": 0, "evictions": 0}
+        return self.store.stats()
 
 
 def test_policy_loads_a_checkpoint_whose_tokenizer_lives_elsewhere(tmp_path):
