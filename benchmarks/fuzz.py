@@ -26,6 +26,7 @@ import time
 import traceback
 import urllib.parse
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,7 @@ class LiveResult:
     failures: list[str] = field(default_factory=list)
     neighbour_calls: int = 0
     neighbour_steps: dict[str, list[int]] = field(default_factory=dict)
+    neighbour_window_restarts: dict[str, int] = field(default_factory=dict)
     health_after: int | None = None
     seconds: float = 0.0
     stopped_early: bool = False
@@ -138,10 +140,12 @@ class LiveResult:
 class Neighbour:
     """A well-formed client on both front doors; `call()` checks its continuity."""
 
-    def __init__(self, base_url: str, http: httpx.Client, result: LiveResult):
-        self.base_url, self.http, self.result = base_url, http, result
+    def __init__(self, base_url: str, http: httpx.Client, result: LiveResult, stack: ExitStack):
+        self.base_url, self.http, self.result, self.stack = base_url, http, result, stack
         self.rng = np.random.default_rng(7)
         self.steps: dict[str, list[int]] = result.neighbour_steps
+        self.window: dict[str, int] = {}  # door -> step after which the model's window restart came
+        self.restarts: dict[str, int] = result.neighbour_window_restarts
         self.ws = None
 
     def _frames(self, t: int) -> dict[str, np.ndarray]:
@@ -156,12 +160,20 @@ class Neighbour:
         self._ws_call()
 
     def _check(self, door: str, report: dict) -> None:
+        """Step +1 per call. The one restart allowed is the model's own: `window_full` once the attention window
+        (4 chunks on DROID) is used up, always at the same step; anything else means the fuzz traffic reached it."""
         steps = self.steps.setdefault(door, [])
-        step, restarted = report.get("step"), report.get("restarted")
-        if steps and (restarted or step != steps[-1] + 1):
-            self.result.fail(f"neighbour {door}: step {steps[-1]} -> {step}, restarted={restarted} "
-                             f"({report.get('restart_reason')})")  # fmt: skip
+        step, restarted, reason = report.get("step"), report.get("restarted"), report.get("restart_reason")
+        if steps:
+            window_restart = restarted and reason == "window_full" and step == 1
+            if window_restart and self.window.setdefault(door, steps[-1]) != steps[-1]:
+                self.result.fail(
+                    f"neighbour {door}: window restart after step {steps[-1]}, before after {self.window[door]}"
+                )
+            elif not window_restart and (restarted or step != steps[-1] + 1):
+                self.result.fail(f"neighbour {door}: step {steps[-1]} -> {step}, restarted={restarted} ({reason})")
         steps.append(step)
+        self.restarts[door] = self.restarts.get(door, 0) + bool(restarted and steps[:-1])
 
     def _http_call(self) -> None:
         first = "http" not in self.steps
@@ -185,7 +197,7 @@ class Neighbour:
 
     def _ws_call(self) -> None:
         if self.ws is None:
-            self.ws = _ws_connect(self.base_url)
+            self.ws = _ws_connect(self.base_url, self.stack)
         frame = {
             key: self.rng.integers(0, 256, (*DROID_HW, 3), dtype=np.uint8)  # one frame per camera: the server
             for key in openpi.OPENPI_DROID_KEY_MAP  # keeps the 4-frame buffer of a WebSocket session
@@ -206,13 +218,10 @@ class Neighbour:
             return
         self._check("ws", reply["session"])
 
-    def close(self) -> None:
-        if self.ws is not None:
-            self.ws.close()
 
-
-def _ws_connect(base_url: str):
-    ws = connect(base_url.replace("http://", "ws://") + routes.OPENPI_WS_PATH, max_size=None, open_timeout=30)
+def _ws_connect(base_url: str, stack: ExitStack):
+    url = base_url.replace("http://", "ws://") + routes.OPENPI_WS_PATH
+    ws = stack.enter_context(connect(url, max_size=None, open_timeout=30, close_timeout=5))
     ws.recv(timeout=CALL_TIMEOUT_S)  # the handshake config
     return ws
 
@@ -251,7 +260,7 @@ def _check_ws_reply(data: Any, result: LiveResult, sent: bytes | str) -> None:
         result.ws_outcomes[f"error frame ({code})"] += 1
         if code == "internal_error" or "Traceback" in str(reply.get("message")):
             result.fail(f"ws: internal error frame {short(reply)} for {sent[:120]!r}")
-    elif reply == openpi.OPENPI_RESET_REPLY:
+    elif isinstance(reply, dict) and reply.keys() == {"status"} and reply["status"] == "reset successful":
         result.ws_outcomes["reset"] += 1
     else:
         result.ws_outcomes["actions"] += 1
@@ -267,17 +276,21 @@ def fuzz_live(base_url: str, total: int, max_seconds: float, neighbour_every: in
             result.stopped_early = True
         return result.stopped_early
 
-    with httpx.Client(timeout=CALL_TIMEOUT_S, trust_env=False) as http:
+    with ExitStack() as stack:
+        http = stack.enter_context(httpx.Client(timeout=CALL_TIMEOUT_S, trust_env=False))
         resp = http.get(base_url + routes.HEALTH_PATH, timeout=10)
         if resp.status_code != 200:
             raise SystemExit(f"{base_url}/health answered {resp.status_code}; start the server first")
-        neighbour = Neighbour(base_url, http, result)
+        neighbour = Neighbour(base_url, http, result, stack)
         neighbour.call()
 
+        last_call = [time.monotonic()]
+
         def between() -> None:
-            n = sent["http"] + sent["ws"]
-            if n % neighbour_every == 0:
+            """The neighbour every N mutants, and at least every 10 s (the server closes idle sockets after 30 s)."""
+            if (sent["http"] + sent["ws"]) % neighbour_every == 0 or time.monotonic() - last_call[0] > 10:
                 neighbour.call()
+                last_call[0] = time.monotonic()
 
         @settings(settings.get_profile("fuzz"), max_examples=total // 2)
         @given(ft.wire_bodies(ft.generation_bodies(DROID_HW, max_batch=2)))
@@ -293,10 +306,13 @@ def fuzz_live(base_url: str, total: int, max_seconds: float, neighbour_every: in
                 result.http_status["no reply"] += 1
                 result.fail(f"http: {exc!r} for body {body[:120]!r}")
             else:
-                _check_http_reply(resp, result, body)
+                try:
+                    _check_http_reply(resp, result, body)
+                except Exception as exc:  # noqa: BLE001 - a bug of this script must not end the run unreported
+                    result.fail(f"http: checking the reply failed: {exc!r}")
             between()
 
-        ws_box: list = [_ws_connect(base_url)]
+        ws_box: list = [None]  # connected on the first frame: an idle socket would be closed during the HTTP part
 
         @settings(settings.get_profile("fuzz"), max_examples=total - total // 2)
         @given(ft.openpi_wire_frames(DROID_HW))
@@ -306,22 +322,21 @@ def fuzz_live(base_url: str, total: int, max_seconds: float, neighbour_every: in
             sent["ws"] += 1
             try:
                 if ws_box[0] is None:
-                    ws_box[0] = _ws_connect(base_url)
+                    ws_box[0] = _ws_connect(base_url, stack)
                 ws_box[0].send(frame)
                 _check_ws_reply(ws_box[0].recv(timeout=CALL_TIMEOUT_S), result, frame)
             except (ConnectionClosed, TimeoutError, OSError) as exc:
                 result.ws_outcomes["connection lost"] += 1
                 result.fail(f"ws: {exc!r} after {frame[:120]!r}")
                 ws_box[0] = None
+            except Exception as exc:  # noqa: BLE001 - a bug of this script must not end the run unreported
+                result.fail(f"ws: checking the reply failed: {exc!r}")
             between()
 
         with np.errstate(all="ignore"):
             http_mutants()
             ws_mutants()
-        if ws_box[0] is not None:
-            ws_box[0].close()
         neighbour.call()
-        neighbour.close()
         result.health_after = http.get(base_url + routes.HEALTH_PATH, timeout=10).status_code
         if result.health_after != 200:
             result.fail(f"/health answered {result.health_after} after the run")
@@ -334,13 +349,14 @@ def fuzz_live(base_url: str, total: int, max_seconds: float, neighbour_every: in
 def live_report(r: LiveResult) -> str:
     http = ", ".join(f"{k}: {v}" for k, v in sorted(r.http_status.items(), key=lambda kv: str(kv[0])))
     ws = ", ".join(f"{k}: {v}" for k, v in sorted(r.ws_outcomes.items()))
-    steps = {door: f"{s[0]}..{s[-1]} ({len(s)} calls)" for door, s in r.neighbour_steps.items() if s}
+    steps = {door: f"{len(s)} calls, max step {max(s)}" for door, s in r.neighbour_steps.items() if s}
     lines = [
         "| what | result |",
         "|---|---|",
         f"| HTTP mutants | {http} |",
         f"| WebSocket mutants | {ws} |",
-        f"| neighbour sessions | {r.neighbour_calls} calls each; steps {steps} |",
+        f"| neighbour sessions (HTTP, WebSocket) | {steps}; window_full restarts {r.neighbour_window_restarts}, "
+        "any other restart or step jump is a failure |",
         f"| /health after | {r.health_after} |",
         f"| failures | {len(r.failures)} |",
         f"| time | {r.seconds:.0f} s{' (stopped at --max-seconds)' if r.stopped_early else ''} |",
