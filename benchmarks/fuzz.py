@@ -12,7 +12,7 @@ A well-formed neighbour (one HTTP session and one WebSocket session) is called b
 by one per call and it must never restart. `/health` must answer 200 at the end. Bounded by `--requests` and
 `--max-seconds`; every call has a timeout.
 
-    PYTHONPATH=$PWD/clients python benchmarks/fuzz.py                      # offline, 10,000 per target
+    PYTHONPATH=$PWD/clients python benchmarks/fuzz.py --jobs 5             # offline, 10,000 per target
     PYTHONPATH=$PWD/clients python benchmarks/fuzz.py --url http://127.0.0.1:8000 --offline-examples 0
 
 Exit status 1 when anything crashed or failed.
@@ -26,6 +26,7 @@ import time
 import traceback
 import urllib.parse
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,11 @@ def fuzz_offline(target: ft.Target, examples: int) -> TargetResult:
         run()
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def fuzz_offline_by_name(name: str, examples: int) -> TargetResult:
+    """For a worker process: targets hold lambdas, so only the name crosses the process boundary."""
+    return fuzz_offline(ft.TARGETS_BY_NAME[name], examples)
 
 
 def offline_table(results: list[TargetResult]) -> str:
@@ -371,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--offline-examples", type=int, default=10_000, help="examples per offline target (0 = skip)")
     p.add_argument("--targets", default=",".join(t.name for t in ft.TARGETS), help="offline targets, comma-separated")
+    p.add_argument("--jobs", type=int, default=1, help="offline targets run in this many processes at once")
     p.add_argument("--url", help="live mode: a running server on loopback, e.g. http://127.0.0.1:8000")
     p.add_argument("--requests", type=int, default=2000, help="live mode: mutated requests + frames in all")
     p.add_argument("--max-seconds", type=float, default=1800, help="live mode: stop sending after this long")
@@ -383,10 +390,12 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(names) - set(ft.TARGETS_BY_NAME))
         if unknown:
             p.error(f"--targets: unknown {unknown}; choose from {sorted(ft.TARGETS_BY_NAME)}")
-        results = []
-        for name in names:
-            results.append(fuzz_offline(ft.TARGETS_BY_NAME[name], args.offline_examples))
-            print(f"{name}: {dict(results[-1].outcomes)} in {results[-1].seconds:.0f} s", flush=True)
+        with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            futures = [pool.submit(fuzz_offline_by_name, name, args.offline_examples) for name in names]
+            results = []
+            for future in futures:
+                results.append(future.result())
+                print(f"{results[-1].name}: {dict(results[-1].outcomes)} in {results[-1].seconds:.0f} s", flush=True)
         print("\n" + offline_table(results) + "\n", flush=True)
         failed |= any(r.crashes for r in results)
     if args.url:

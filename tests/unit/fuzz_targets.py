@@ -105,10 +105,12 @@ def ndarray_markers(draw) -> dict:
             scalars(),
         )
     )
-    try:
-        size = np.dtype(dtype).itemsize * math.prod(shape)
-    except Exception:  # noqa: BLE001 - an absurd dtype or shape: any data will do
-        size = -1
+    size = -1  # an absurd dtype or shape: any data will do
+    if isinstance(shape, list) and all(type(d) is int for d in shape):
+        try:
+            size = np.dtype(dtype).itemsize * math.prod(shape)
+        except (TypeError, ValueError, SyntaxError):
+            pass
     data = (
         b"\x00" * size
         if 0 <= size <= 4096 and draw(st.booleans())
