@@ -1,7 +1,7 @@
 """A corpus of malformed requests and frames: each HTTP request gets the right 4xx and each WebSocket frame an error
 frame with the right code (never a 500, an internal error or a traceback); the socket and the server keep serving.
 
-Cases marked "fuzz" are crashes `benchmarks/fuzz.py` found (answered 500 before the fix); they stay here as regressions.
+Cases marked "fuzz" are crashes found while building the fuzzer (answered 500 before the fix); they stay as regressions.
 """
 
 from __future__ import annotations
