@@ -1,4 +1,8 @@
-"""A corpus of malformed requests: each gets the right 4xx (never a 500 or a traceback); the server keeps serving."""
+"""A corpus of malformed requests and frames: each HTTP request gets the right 4xx and each WebSocket frame an error
+frame with the right code (never a 500, an internal error or a traceback); the socket and the server keep serving.
+
+Cases marked "fuzz" are crashes found while building the fuzzer (answered 500 before the fix); they stay as regressions.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,17 @@ import json
 import msgpack
 import numpy as np
 import pytest
+from websockets.sync.client import connect
 
-from dreamzero_client.wire import codec, generations
-from tests.cluster.conftest import AUTH
-from tests.graph.helpers import decode, droid_raw_observation, normalised_body, normalised_observation
+from dreamzero_client.wire import codec, generations, openpi
+from tests.cluster.conftest import API_KEY, AUTH
+from tests.graph.helpers import (
+    decode,
+    droid_raw_observation,
+    normalised_body,
+    normalised_observation,
+    openpi_droid_observation,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -67,7 +78,15 @@ def _with_obs(key: str, value) -> bytes:
     }}})  # fmt: skip
 
 
+def _nested(depth: int) -> dict:
+    node: dict = {"k": 1}
+    for _ in range(depth):
+        node = {"k": node}
+    return node
+
+
 BIG = 9 * 1024 * 1024  # over the 8 MiB test limit
+HUGE_ZERO_SHAPE = [0, 2**31 - 1, 2**31 - 1, 2**31 - 1]  # zero elements, yet past NumPy's size limit
 
 # (id, body, content type, expected status, field expected in the error or None)
 CORPUS = [
@@ -99,6 +118,27 @@ CORPUS = [
         400,
         None,
     ),
+    ("json-5000-digit-int", b'{"input": ' + b"1" * 5000 + b"}", JS, 400, None),  # fuzz
+    (
+        "nd-zero-size-overflowing-shape",
+        mp(_normalised(input__observation__state=_nd("<f4", HUGE_ZERO_SHAPE, b""))),
+        MP,
+        400,
+        None,
+    ),  # fuzz
+    ("msgpack-nested-100-levels", raw_mp(_nested(100)), MP, 400, None),
+    ("json-nested-100k-levels", b"[" * 100_000 + b"]" * 100_000, JS, 400, None),
+    (
+        "npgeneric-out-of-range",
+        mp(_normalised(parameters__seed={b"__npgeneric__": True, b"data": 1000, b"dtype": "|i1"})),
+        MP,
+        400,
+        None,
+    ),
+    ("complex-marker", mp(_normalised(parameters__seed={b"complex": True, b"data": b"1"})), MP, 400, None),
+    ("msgpack-key-not-utf8", b"\x81\xc4\x02\xff\xfe\x01", MP, 400, None),
+    ("msgpack-string-not-utf8", b"\x81\xa1a\xa2\xff\xfe", MP, 400, None),
+    ("json-not-utf8", b'{"a": "\xff"}', JS, 400, None),
     # --- 415: neither msgpack nor JSON
     ("ctype-text", b"{}", "text/plain", 415, None),
     ("ctype-xml", b"<a/>", "application/xml", 415, None),
@@ -173,6 +213,37 @@ CORPUS = [
         422,
         "input.observation.foo",
     ),
+    (
+        "observation-nested-too-deep",
+        mp(_normalised(input__observation__a={"b": {"c": {"d": {"e": {"f": np.zeros((1,), np.float32)}}}}})),
+        MP,
+        422,
+        "input.observation.a.b.c.d.e",
+    ),
+    ("session-id-too-long", mp(_normalised(parameters__session_ids=["x" * 300])), MP, 422, "parameters.session_ids"),
+    (
+        "incarnation-too-long",
+        mp(_normalised(parameters__expected_incarnations=["x" * 100])),
+        MP,
+        422,
+        "parameters.expected_incarnations[0]",
+    ),
+    ("seed-over-int63", mp(_normalised(parameters__seed=2**64 - 1)), MP, 422, "parameters.seed"),
+    ("reset-mask-int", mp(_normalised(parameters__reset_mask=2)), MP, 422, "parameters.reset_mask"),
+    (
+        "images-strings",
+        mp(_normalised(input__observation__images=np.full((1, 1, 2, 2, 3), "a"))),
+        MP,
+        422,
+        "input.observation.images",
+    ),
+    (
+        "json-state-nan",
+        codec.encode_json(_normalised(input__observation__state=np.full((1, 1, 64), np.nan, np.float32))),
+        JS,
+        422,
+        "input.observation.state",
+    ),
     ("raw-missing-gripper", mp(_raw(state__gripper_position=_DELETE)), MP, 422, "state.gripper_position"),
     ("raw-joint-width", mp(_raw(state__joint_position=np.zeros((1, 6), np.float32))), MP, 422, "state.joint_position"),
     (
@@ -190,6 +261,21 @@ CORPUS = [
         "input.observation.state.joint_position",
     ),
     (
+        "raw-joint-nan",
+        mp(_raw(state__joint_position=np.full((1, 7), np.nan, np.float32))),
+        MP,
+        422,
+        "state.joint_position",
+    ),
+    ("raw-joint-strings", mp(_raw(state__joint_position=np.full((1, 7), "a"))), MP, 422, "state.joint_position"),
+    (
+        "raw-5-frames",
+        mp(generations.build_request_body(droid_raw_observation(1, t=5), ["pick"], ["c5"])),
+        MP,
+        422,
+        "images",
+    ),
+    (
         "raw-unknown-key",
         mp(_raw(state__cartesian_velocity=np.zeros((1, 6), np.float32))),
         MP,
@@ -199,8 +285,79 @@ CORPUS = [
 ]
 
 
+def _frame(**changes) -> dict:
+    """A valid OpenPI DROID infer frame with `changes` (None deletes a key)."""
+    frame = {**openpi_droid_observation(0, "ws-corpus"), **changes}
+    return {k: v for k, v in frame.items() if v is not None}
+
+
+def _marker_frame(marker: dict) -> bytes:
+    return raw_mp({"prompt": "p", "session_id": "ws-corpus", "observation/joint_position": marker})
+
+
+IR, IO = "invalid_request", "invalid_observation"
+# (id, frame, expected error code, field expected in the error frame or None)
+WS_CORPUS = [
+    ("text-frame", "hello", IR, None),
+    ("garbage", b"\xc1\xc1", IR, None),
+    ("empty", b"", IR, None),
+    ("top-level-list", raw_mp([1, 2]), IR, None),
+    ("int-map-key", raw_mp({1: 2}), IR, None),
+    ("ext-type", raw_mp(msgpack.ExtType(5, b"x")), IR, None),
+    ("truncated", mp(_frame())[:300], IR, None),
+    ("object-dtype", _marker_frame(_nd("|O", [1], b"\x00" * 8)), IR, None),
+    ("bytes-mismatch", _marker_frame(_nd("<f4", [7], b"\x00" * 3)), IR, None),
+    ("zero-size-overflowing-shape", _marker_frame(_nd("<f4", HUGE_ZERO_SHAPE, b"")), IR, None),  # fuzz
+    ("unknown-endpoint", mp(_frame(endpoint="explode")), IO, "endpoint"),
+    ("session-id-int", mp(_frame(session_id=5)), IO, "session_id"),
+    ("session-id-empty", mp(_frame(session_id="")), IO, "session_id"),
+    ("session-id-too-long", mp(_frame(session_id="x" * 300)), IO, "session_id"),
+    ("reset-session-id-int", mp({"endpoint": "reset", "session_id": 3}), IO, "session_id"),
+    ("prompt-int", mp(_frame(prompt=3)), IO, "prompt"),
+    ("no-prompt", mp(_frame(prompt=None)), IO, "prompt"),
+    ("seed-negative", mp(_frame(seed=-1)), IO, "seed"),
+    ("seed-string", mp(_frame(seed="1")), IO, "seed"),
+    ("response-format", mp(_frame(response_format="xml")), IO, "response_format"),
+    ("bad-key", mp(_frame(**{"observation/bad key": np.zeros(3)})), IO, "observation/bad key"),
+    ("no-cameras", mp({"prompt": "p", "session_id": "s", "observation/joint_position": np.zeros(7)}), IO, None),
+    ("joint-width", mp(_frame(**{"observation/joint_position": np.zeros(6, np.float32)})), IO, "state.joint_position"),
+    (
+        "joint-nan",
+        mp(_frame(**{"observation/joint_position": np.full(7, np.nan, np.float32)})),
+        IO,
+        "state.joint_position",
+    ),
+    (
+        "image-float-range",
+        mp(_frame(**{"observation/wrist_image_left": np.full((180, 320, 3), 7.0, np.float32)})),
+        IO,
+        "video.wrist_image_left",
+    ),
+    (
+        "image-gray",
+        mp(_frame(**{"observation/wrist_image_left": np.zeros((180, 320), np.uint8)})),
+        IO,
+        "observation/wrist_image_left",
+    ),
+    (
+        "image-strings",
+        mp(_frame(**{"observation/wrist_image_left": np.full((180, 320, 3), "a")})),
+        IO,
+        "video.wrist_image_left",
+    ),
+    (
+        "gripper-ragged",
+        mp(_frame(**{"observation/gripper_position": [[1, 2], [3]]})),
+        IO,
+        "observation/gripper_position",
+    ),
+]
+
+
 def test_corpus_is_big_enough():
-    assert len(CORPUS) >= 40 and len({c[0] for c in CORPUS}) == len(CORPUS)
+    assert len(CORPUS) + len(WS_CORPUS) >= 60
+    for corpus in (CORPUS, WS_CORPUS):
+        assert len({c[0] for c in corpus}) == len(corpus)
 
 
 @pytest.mark.parametrize("name, body, ctype, status, field", CORPUS, ids=[c[0] for c in CORPUS])
@@ -208,7 +365,7 @@ def test_malformed_request(http, front_door, name, body, ctype, status, field):
     resp = http.post(front_door + GEN, content=body, headers={"content-type": ctype, **AUTH})
     assert resp.status_code == status, (name, resp.status_code, resp.content[:300])
     err = decode(resp.content, codec.OPENPI if "msgpack" in resp.headers["content-type"] else codec.JSON)
-    assert err["error"]["message"] and "Traceback" not in err["error"]["message"]
+    assert err["error"]["message"] and _no_traceback(err["error"]["message"])
     if field is not None:
         assert err["error"]["field"] == field, err
 
@@ -217,4 +374,37 @@ def test_server_still_serves_after_the_corpus(http, front_door):
     body = normalised_body(["after-corpus"])
     resp = http.post(front_door + GEN, content=body, headers={"content-type": MP, **AUTH})
     assert resp.status_code == 200
+    assert http.get(front_door + "/health").status_code == 200
+
+
+def _ws(front_door: str):
+    url = front_door.replace("http://", "ws://") + "/v1/realtime/robot/openpi"
+    return connect(url, additional_headers={"Authorization": f"Api-Key {API_KEY}"}, max_size=None, open_timeout=30)
+
+
+def _no_traceback(text: str) -> bool:
+    return "Traceback" not in text and 'File "' not in text
+
+
+@pytest.mark.parametrize("name, frame, code, field", WS_CORPUS, ids=[c[0] for c in WS_CORPUS])
+def test_malformed_frame(front_door, name, frame, code, field):
+    """An error frame with the right code, then the same socket still answers (a reset needs no inference)."""
+    with _ws(front_door) as ws:
+        assert "image_resolution" in decode(ws.recv(timeout=60))
+        ws.send(frame)
+        err = decode(ws.recv(timeout=120))
+        assert openpi.is_error_frame(err), (name, err)
+        assert err["code"] == code and err["message"] and _no_traceback(err["message"]), (name, err)
+        if field is not None:
+            assert err["field"] == field, (name, err)
+        ws.send(mp({"endpoint": "reset", "session_id": "after-error"}))
+        assert decode(ws.recv(timeout=60)) == openpi.OPENPI_RESET_REPLY
+
+
+def test_websocket_still_infers_after_the_corpus(front_door, http):
+    with _ws(front_door) as ws:
+        decode(ws.recv(timeout=60))
+        ws.send(mp(openpi_droid_observation(1, "after-ws-corpus")))
+        reply = decode(ws.recv(timeout=180))
+        assert reply["actions"].shape == (24, 8) and reply["session"]["step"] == 1, reply
     assert http.get(front_door + "/health").status_code == 200

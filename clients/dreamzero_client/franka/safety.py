@@ -123,8 +123,13 @@ class SafetyFilter:
 
     def filter(self, target: np.ndarray, measured: np.ndarray) -> SafeCommand:
         cfg = self.config
-        target = np.asarray(target, dtype=np.float64).reshape(NUM_JOINTS)
-        measured = np.asarray(measured, dtype=np.float64).reshape(NUM_JOINTS)
+        try:
+            target = np.asarray(target, dtype=np.float64).reshape(NUM_JOINTS)
+            measured = np.asarray(measured, dtype=np.float64).reshape(NUM_JOINTS)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ChunkRejected(
+                f"joint target and measured position must be {NUM_JOINTS} numbers each: {exc}", field="actions[:, :7]"
+            ) from None
         if not (np.all(np.isfinite(target)) and np.all(np.isfinite(measured))):
             raise ChunkRejected("joint target or measured position is not finite", field="actions[:, :7]")
         ref = measured if self._reference is None else self._reference

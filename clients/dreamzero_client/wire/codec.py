@@ -96,6 +96,8 @@ def decode_json(body: bytes | str) -> Any:
         raise InvalidRequest(f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
     except RecursionError:
         raise InvalidRequest("request body is nested too deeply") from None
+    except ValueError as e:  # e.g. an integer literal longer than Python converts (4300 digits)
+        raise InvalidRequest(f"request body is not valid JSON: {e}") from None
 
 
 def decode_msgpack(body: bytes) -> tuple[Any, str]:
@@ -205,7 +207,10 @@ def _buffer_array(data: Any, dt: np.dtype, shape: tuple[int, ...], path: str) ->
         raise InvalidRequest(
             f"'{where}': array data is {len(data)} bytes but shape {list(shape)} of dtype {dt.str} needs {expected}"
         )
-    arr = np.frombuffer(data, dtype=dt).reshape(shape)  # read-only view of the body: no copy
+    try:
+        arr = np.frombuffer(data, dtype=dt).reshape(shape)  # read-only view of the body: no copy
+    except ValueError:  # a zero-size shape whose other dims overflow NumPy's size limit
+        raise InvalidRequest(f"'{where}': array shape {list(shape)} is larger than NumPy can address") from None
     if not dt.isnative and dt.byteorder != "|":
         arr = arr.astype(dt.newbyteorder("="))  # big-endian senders: convert once here so consumers see native data
         arr.flags.writeable = False

@@ -104,8 +104,9 @@ def parse_openpi_request(msg: Any, flavour: str = codec.OPENPI) -> OpenPIRequest
     for k, v in msg.items():
         if k in OPENPI_CONTROL_KEYS:
             continue
-        if not _TEXT_KEY.match(k):
-            raise InvalidObservation(f"observation key {k[:64]!r} is not a valid key", field=k[:64])
+        if not isinstance(k, str) or not _TEXT_KEY.match(k):
+            name = str(k)[:64]
+            raise InvalidObservation(f"observation key {name!r} is not a valid key", field=name)
         observation[k] = f.array(v, k)
     if endpoint == "infer" and prompt is None:
         raise InvalidObservation("'prompt' is required for infer", field="prompt")

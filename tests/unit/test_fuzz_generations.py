@@ -1,0 +1,47 @@
+"""Fuzzing `POST /v1/actions/generations` parsing (normalised and raw forms) from bytes on, as the server sees it."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+
+from dreamzero_client.errors import DreamZeroError, InvalidObservation
+from dreamzero_client.wire import codec, generations
+from tests.unit.fuzz_targets import CI, TARGETS_BY_NAME
+
+GENERATIONS = TARGETS_BY_NAME["generations"]
+
+
+@settings(CI)
+@given(GENERATIONS.strategy())
+def test_mutated_requests_raise_only_typed_errors(example):
+    GENERATIONS.run(example)
+
+
+def test_the_mutations_reach_deep_fields():
+    """The strategy is only worth its examples if rejections come from deep inside the body, not just the decoder."""
+    fields: set[str] = set()
+    outcomes: set[str] = set()
+
+    @settings(CI)
+    @given(GENERATIONS.strategy())
+    def collect(example):
+        body, ctype = example
+        try:
+            obj, flavour = codec.decode_body(body, ctype)
+            generations.parse_generation_request(obj, flavour)
+            outcomes.add("accepted")
+        except InvalidObservation as exc:
+            fields.add(exc.field or "")
+            outcomes.add("invalid_observation")
+        except DreamZeroError:
+            outcomes.add("rejected")
+
+    collect()
+    assert outcomes == {"accepted", "invalid_observation", "rejected"}
+    deep = {
+        "input.observation.images",
+        "input.observation.state",
+        "parameters.session_ids",
+        "input.prompt",
+    }
+    assert deep <= fields, deep - fields
