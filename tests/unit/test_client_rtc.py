@@ -3,19 +3,25 @@ executed), the RTC fields on both links, and the fallback to plain chunks when a
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import time
 
 import httpx
 import numpy as np
 import pytest
 
 from dreamzero_client.errors import BadRequestError, ConfigError, InvalidObservation, PolicyServerError
+from dreamzero_client.franka.loop import LoopConfig
 from dreamzero_client.http_client import ActionClient
 from dreamzero_client.links import HttpLink, OpenPILink
 from dreamzero_client.policy import DroidPolicy, LinkReply, PolicyCallError
 from dreamzero_client.rtc import DelayEstimator, RtcRequest, RtcSchedule, refused_fields, switch_jump
 from dreamzero_client.wire import codec, generations, replies
+from tests.franka_support import ScriptedTransport, chunk_near
 from tests.unit.test_client_runtime import droid_obs
+from tests.unit.test_franka_loop import make_runner
 
 H = 24
 
@@ -298,3 +304,74 @@ def test_refused_fields_reads_the_field_the_message_and_the_cause_chain():
     except PolicyCallError as outer:
         assert refused_fields(outer) == {"rtc_prefix_len"}
     assert refused_fields(TimeoutError("no reply")) == set()
+
+
+# 5. The Franka loop: prefetch with the measured delay ---------------------------------------------------------------
+class SlowRtcTransport(ScriptedTransport):
+    """The Franka tests' scripted server, with a report that says RTC was applied and a delay per call."""
+
+    def __init__(self, delays_s):
+        super().__init__()
+        self.delays_s = list(delays_s)
+
+    def send(self, query):
+        index = len(self.calls)
+        if index < len(self.delays_s):
+            time.sleep(self.delays_s[index])
+        reply = super().send(query)
+        session = {"session_id": query.session_id, "step": index + 1, "restarted": index == 0}
+        if query.rtc is not None:
+            session["rtc"] = "client_prefix"
+        return LinkReply(reply.actions, session)
+
+
+def _franka_steps(tmp_path, transport, max_steps):
+    runner, robot, _ = make_runner(
+        transport, control_hz=10.0, max_steps=max_steps, rtc=True, log_dir=str(tmp_path), watchdog_timeout_s=2.0
+    )
+    result = runner.run_episode(0)
+    assert result.status == "completed", result.reason
+    lines = (tmp_path / "episode_0000" / "steps.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines], robot, result
+
+
+def test_franka_rtc_prefetches_with_the_measured_delay_and_switches_at_row_d(tmp_path):
+    # 10 Hz (100 ms a tick), every round trip ~120 ms: d = 2 from the first (synchronous) call on
+    transport = SlowRtcTransport([0.12] * 10)
+    steps, robot, result = _franka_steps(tmp_path, transport, max_steps=24)
+    d = math.ceil(result.latencies_ms[0] / 100.0)  # 2 unless this machine is very busy
+    assert d >= 2
+    asked = [(i, s["chunk_row"], s["rtc_request"]) for i, s in enumerate(steps) if "rtc_request" in s]
+    assert asked[0] == (8, 8, {"prefix_len": d, "exec_horizon": 8}) and asked[1][0] == 16
+    sent = transport.calls[1]
+    assert sent["rtc_prefix_len"] == [d] and sent["rtc_exec_horizon"] == [8]
+    assert sent["action_prefix"].shape == (1, 16, 8)
+    np.testing.assert_allclose(  # the prefix sent at tick 8 is what chunk 1 still had to run from row 8
+        sent["action_prefix"][0], np.asarray(chunk_near(transport.calls[0]["observation/joint_position"], 0))[8:]
+    )
+    # chunk 1 runs rows 0 .. 8 + d - 1 (the last d while chunk 2 computes); chunk 2 starts at row d on tick 8 + d
+    assert [s["chunk_row"] for s in steps[: 8 + d + 4]] == [*range(8 + d), *range(d, d + 4)]
+    assert steps[8 + d]["rtc_switch_row"] == d and steps[8 + d]["rtc_source"] == "client_prefix"
+    assert result.server_calls == 3 and [c.kind for c in robot.commands].count("hold") == 1  # the last one only
+
+
+def test_franka_rtc_late_reply_keeps_the_old_chunk_and_switches_to_the_row_of_that_tick(tmp_path):
+    # first call fast (d = 1), second ~0.8 s: the old chunk runs on past s + d and the new one starts k rows in
+    transport = SlowRtcTransport([0.0, 0.8, 0.0, 0.0])
+    steps, robot, _ = _franka_steps(tmp_path, transport, max_steps=24)
+    assert steps[8]["rtc_request"] == {"prefix_len": 1, "exec_horizon": 8}
+    switch = next(i for i, s in enumerate(steps) if "rtc_switch_row" in s)
+    k = switch - 8
+    assert 3 <= k < 16 and steps[switch]["chunk_row"] == steps[switch]["rtc_switch_row"] == k
+    assert [s["chunk_row"] for s in steps[:switch]] == list(range(switch))  # chunk 1 ran on, no hold
+    assert [c.kind for c in robot.commands[:-1]].count("hold") == 0
+    nxt = next(s for s in steps[switch:] if "rtc_request" in s)  # may leave on the switch tick itself
+    assert nxt["rtc_request"]["prefix_len"] >= 4  # the estimate learnt the slow round trip
+
+
+def test_franka_loop_config_rtc():
+    with pytest.raises(ConfigError, match="loop.rtc"):
+        LoopConfig(rtc=True, prefetch=True)
+    with pytest.raises(ConfigError, match="loop.rtc_max_delay_steps"):
+        LoopConfig(rtc=True, rtc_max_delay_steps=0)
+    assert LoopConfig(rtc=True, open_loop_horizon=1).min_chunk_rows == 2
