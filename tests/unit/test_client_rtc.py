@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from dreamzero_client.errors import BadRequestError, ConfigError, InvalidObservation, PolicyServerError
+from dreamzero_client.franka.cli import DeployArgs, build_parser
 from dreamzero_client.franka.loop import LoopConfig
 from dreamzero_client.http_client import ActionClient
 from dreamzero_client.links import HttpLink, OpenPILink
@@ -375,3 +376,11 @@ def test_franka_loop_config_rtc():
     with pytest.raises(ConfigError, match="loop.rtc_max_delay_steps"):
         LoopConfig(rtc=True, rtc_max_delay_steps=0)
     assert LoopConfig(rtc=True, open_loop_horizon=1).min_chunk_rows == 2
+
+
+def test_franka_cli_rtc_flags():
+    base = ["--server", "ws://127.0.0.1:1", "--prompt", "x", "--robot", "sim", "--cameras", "synthetic"]
+    args = DeployArgs.from_namespace(build_parser().parse_args([*base, "--rtc", "--rtc-max-delay-steps", "6"]))
+    assert args.loop.rtc and args.loop.rtc_max_delay_steps == 6 and not args.loop.prefetch
+    with pytest.raises(ConfigError, match="loop.rtc"):
+        DeployArgs.from_namespace(build_parser().parse_args([*base, "--rtc", "--prefetch"]))
