@@ -29,6 +29,8 @@ class CliArgs:
     timeout_s: float
     model_path: str | None
     open_loop_horizon: int
+    rtc: bool
+    rtc_delay_steps: int | None
     max_steps: int | None
     out: Path
     seed: int
@@ -82,6 +84,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout-s", type=float, default=120.0, help="per-call timeout")
     g.add_argument("--model-path", default=None, help="embedded policy checkpoint (default: the tiny random model)")
     g.add_argument("--open-loop-horizon", type=int, default=8, help="chunk rows executed before the next query")
+    g.add_argument(
+        "--rtc",
+        action="store_true",
+        help="real-time chunking: query while the chunk still runs, switch d steps later to row d (docs/rtc.md)",
+    )
+    g.add_argument(
+        "--rtc-delay-steps",
+        type=int,
+        default=None,
+        metavar="D",
+        help="with --rtc: the emulated inference delay in control steps (default: the measured round trip)",
+    )
     g = p.add_argument_group("outputs")
     g.add_argument("--out", type=Path, default=None, help="run directory (default runs/droid-eval-<time>)")
     g.add_argument("--no-video", action="store_true", help="skip the mp4s")
@@ -123,6 +137,8 @@ def droid_args(ns: argparse.Namespace) -> CliArgs:
             raise ConfigError(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
     if args.max_steps is not None and args.max_steps < 1:
         raise ConfigError(f"--max-steps: expected >= 1, got {args.max_steps}")
+    if args.rtc_delay_steps is not None and (not args.rtc or args.rtc_delay_steps < 1):
+        raise ConfigError(f"--rtc-delay-steps: expected >= 1 together with --rtc, got {args.rtc_delay_steps}")
     return args
 
 
@@ -187,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         scenes=tuple(args.scenes),
         episodes_per_scene=args.episodes,
         open_loop_horizon=args.open_loop_horizon,
+        rtc=args.rtc,
+        rtc_delay_steps=args.rtc_delay_steps,
         max_steps=args.max_steps,
         seed=args.seed,
         record_video=not args.no_video,

@@ -29,12 +29,17 @@ class EmbeddedLink:
         self._policy = policy
 
     def send(self, query: Query) -> LinkReply:
+        rtc = query.rtc  # real-time chunking: the same per-row fields as the HTTP body (docs/rtc.md)
+        rtc_kwargs = {} if rtc is None else {"rtc_prefix_len": [rtc.prefix_len], "rtc_exec_horizon": [rtc.exec_horizon]}
+        if rtc is not None and rtc.action_prefix is not None:
+            rtc_kwargs["action_prefix"] = [rtc.action_prefix]
         try:
             result = self._policy.infer(
                 droid.raw_observation(query.frames),
                 [query.session_id],
                 instructions=[query.prompt],
                 expected_steps=None if query.first_call else [query.expected_step],
+                **rtc_kwargs,
             )
         except Exception as exc:  # in process there is no transport: every failure is the policy's answer
             raise PolicyCallError("error_reply", f"{type(exc).__name__}: {exc}") from exc

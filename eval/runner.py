@@ -5,12 +5,19 @@ it to 180x320 and keeps the frame history); every `open_loop_horizon` steps (or 
 execute the chunk's rows open loop with DROID's gripper rule; stop at termination, truncation or the step limit;
 judge success on the final object positions; reset the policy (the server forgets the session, the next episode gets
 a new id). A policy failure ends the episode, is recorded with its reason, and the run goes on.
+
+With `rtc` (real-time chunking, docs/rtc.md "Clients") the next query leaves while the current chunk still runs, on
+the timeline of `dreamzero_client.rtc.RtcSchedule`. Sim steps are synchronous, so the delay is emulated: the reply
+is there at once, and the env executes d more actions of the old chunk (`rtc_delay_steps`, else the measured round
+trip in control steps) before it switches to row d of the new one. Every episode records its chunk switches and the
+jump at each one (`switch_jump`), with or without RTC, so the two runs can be compared.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,7 +26,8 @@ import numpy as np
 
 from dreamzero.errors import ConfigError
 from dreamzero_client import droid
-from dreamzero_client.policy import DroidPolicy, PolicyCallError
+from dreamzero_client.policy import Chunk, DroidPolicy, PolicyCallError
+from dreamzero_client.rtc import RtcSchedule, switch_jump
 from eval.env_contract import DroidEnv, check_droid_observation
 from eval.recording import EpisodeRecorder, to_jsonable
 from eval.summary import summarize, summary_markdown
@@ -36,6 +44,8 @@ class EvalConfig:
     record_video: bool = True
     image_size: tuple[int, int] = droid.IMAGE_HW  # of the recorded video frames
     extra: dict = field(default_factory=dict)  # free-form facts recorded in run.json (simulator, link, ...)
+    rtc: bool = False  # real-time chunking: query ahead, emulate the delay, switch at row d
+    rtc_delay_steps: int | None = None  # the emulated delay d; None: the measured round trip in control steps
 
     def validate(self) -> None:
         if not self.scenes:
@@ -46,10 +56,38 @@ class EvalConfig:
             raise ConfigError(f"open_loop_horizon: expected >= 1, got {self.open_loop_horizon}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"max_steps: expected >= 1 or None, got {self.max_steps}")
+        if self.rtc_delay_steps is not None and (not self.rtc or self.rtc_delay_steps < 1):
+            raise ConfigError(
+                f"rtc_delay_steps: expected >= 1 with rtc on, got {self.rtc_delay_steps} (rtc={self.rtc})"
+            )
+
+    def rtc_schedule(self, control_hz: float) -> RtcSchedule | None:
+        if not self.rtc:
+            return None
+        return RtcSchedule(self.open_loop_horizon, control_hz, delay_steps=self.rtc_delay_steps)
 
 
-def run_episode(env: DroidEnv, policy: DroidPolicy, config: EvalConfig, episode: int, progress=None) -> dict:
-    """One episode; returns its record (also written to `<out_dir>/episodes/<name>.json`)."""
+def _switch_stats(switches: list[dict], deltas: list[float]) -> dict:
+    jumps = [sw["jump"] for sw in switches if sw["jump"] is not None]
+    return {
+        "count": len(jumps),
+        "mean": float(np.mean(jumps)) if jumps else None,
+        "max": float(np.max(jumps)) if jumps else None,
+        "step_delta_mean": float(np.mean(deltas)) if deltas else None,  # the motion of one step inside a chunk
+    }
+
+
+def run_episode(
+    env: DroidEnv,
+    policy: DroidPolicy,
+    config: EvalConfig,
+    episode: int,
+    progress=None,
+    schedule: RtcSchedule | None = None,
+) -> dict:
+    """One episode; returns its record (also written to `<out_dir>/episodes/<name>.json`).
+
+    `schedule`: the RTC timeline (kept across episodes for its delay estimate); made from `config` when None."""
     scene = env.scene_id
     name = f"scene{scene}_ep{episode:03d}"
     session_id = policy.session_id
@@ -64,30 +102,74 @@ def run_episode(env: DroidEnv, policy: DroidPolicy, config: EvalConfig, episode:
     reset_error = None
     sessions: list[dict] = []
     restarts: list[dict] = []
+    switches: list[dict] = []  # every change of chunk after the first: step, row, jump (+ d, s, rtc source with RTC)
+    deltas: list[float] = []  # joint-target change between consecutive steps of one chunk
+    rtc_requests: list[dict] = []
     steps = 0
     terminated = truncated = False
+    schedule = schedule if schedule is not None else config.rtc_schedule(env.control_hz)
+    if schedule is not None:
+        schedule.reset()
+
+    def jump(first_new: np.ndarray) -> float | None:
+        return None if last_action is None else switch_jump(last_action, first_new)
+
+    def took(reply: Chunk) -> None:
+        latencies_ms.append(reply.latency_ms)
+        if schedule is not None:
+            schedule.add_latency(reply.latency_ms)
+        if reply.session:
+            sessions.append(reply.session)
+        if reply.restarted:
+            restarts.append({"step": steps, "reason": reply.restarted})
+
     try:
         obs, _ = env.reset(seed=seed)
         check_droid_observation(obs)
         recorder.add_frame(obs)
         chunk: np.ndarray | None = None
+        pending: Chunk | None = None  # RTC: the reply to the query in flight (here at once: the sim waits for it)
         row = 0
+        last_action: np.ndarray | None = None  # the chunk row executed at the previous step (raw gripper)
         while steps < max_steps:
-            queried, latency_ms = False, None
-            if chunk is None or row >= min(config.open_loop_horizon, len(chunk)):
-                try:
-                    reply = policy.infer({**obs, "prompt": env.instruction})
-                except PolicyCallError as exc:
-                    failure = {"reason": exc.reason, "message": exc.detail, "step": steps}
-                    break
-                chunk, row, queried, latency_ms = reply.actions, 0, True, reply.latency_ms
-                latencies_ms.append(latency_ms)
-                if reply.session:
-                    sessions.append(reply.session)
-                if reply.restarted:
-                    restarts.append({"step": steps, "reason": reply.restarted})
-            else:
+            queried, latency_ms, switched, observed = False, None, False, False
+            query_obs = {**obs, "prompt": env.instruction}
+            try:
+                if pending is not None:  # RTC: switch once d steps of the old chunk have run
+                    new_row = schedule.switch_row(ready=True)
+                    if new_row is not None:
+                        asked = schedule.switched()
+                        switches.append({"step": steps, "row": new_row, "jump": jump(pending.actions[new_row]),
+                                         "prefix_len": asked.prefix_len, "exec_horizon": asked.exec_horizon,
+                                         "rtc": pending.rtc})  # fmt: skip
+                        chunk, row, switched, pending = pending.actions, new_row, True, None
+                if chunk is None or (schedule is None and row >= min(config.open_loop_horizon, len(chunk))):
+                    reply = policy.infer(query_obs)
+                    observed = queried = True
+                    took(reply)
+                    if chunk is not None:  # it replaces the chunk whose open-loop rows ran out
+                        switched = True
+                        switches.append({"step": steps, "row": 0, "jump": jump(reply.actions[0])})
+                    chunk, row, latency_ms = reply.actions, 0, reply.latency_ms
+                elif schedule is not None and pending is None:
+                    asked = schedule.plan(chunk, row)
+                    if asked is not None:
+                        pending = policy.send(policy.request(query_obs, rtc=asked))
+                        schedule.sent(asked, len(chunk))
+                        observed = queried = True
+                        took(pending)
+                        latency_ms = pending.latency_ms
+                        rtc_requests.append({"step": steps, "prefix_len": asked.prefix_len,
+                                             "exec_horizon": asked.exec_horizon,
+                                             "sent": pending.rtc_request is not None, "rtc": pending.rtc})  # fmt: skip
+            except PolicyCallError as exc:
+                failure = {"reason": exc.reason, "message": exc.detail, "step": steps}
+                break
+            if not observed:
                 policy.observe(obs)
+            if not switched and last_action is not None:
+                deltas.append(switch_jump(last_action, chunk[row]))
+            last_action = chunk[row]
             action = chunk[row].copy()
             action[7] = droid.binarize_gripper(chunk[row][7])
             obs, reward, terminated, truncated, info = env.step(action)
@@ -143,6 +225,11 @@ def run_episode(env: DroidEnv, policy: DroidPolicy, config: EvalConfig, episode:
         "final_object_poses": env.object_poses(),
         "server_sessions": sessions,
         "session_restarts": restarts,  # the server lost the session's state mid-episode
+        "chunk_switches": switches,
+        "switch_jump": _switch_stats(switches, deltas),  # rad over the 7 joint targets
+        "rtc": None
+        if schedule is None
+        else {"requests": rtc_requests, "fallback": getattr(policy, "rtc_fallback", None)},
         "video": str(recorder.video_path.relative_to(config.out_dir)) if recorder.video_path else None,
         "wall_s": time.perf_counter() - started,
     }
@@ -163,20 +250,32 @@ def run_evaluation(
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     episodes: list[dict] = []
+    schedule: RtcSchedule | None = None  # one for the run: its delay estimate outlives the episodes
     total = None if config.max_steps is None else len(config.scenes) * config.episodes_per_scene * config.max_steps
     with tqdm(total=total, unit="step", desc="DROID eval", disable=not show_progress, dynamic_ncols=True) as bar:
         for scene in config.scenes:
             env = env_factory(scene)
             try:
+                schedule = schedule or config.rtc_schedule(env.control_hz)
                 for ep in range(config.episodes_per_scene):
                     bar.set_postfix_str(f"scene {scene} ep {ep}")
-                    episodes.append(run_episode(env, policy, config, ep, progress=bar))
+                    episodes.append(run_episode(env, policy, config, ep, progress=bar, schedule=schedule))
                     bar.set_postfix_str(f"scene {scene} ep {ep}: {'success' if episodes[-1]['success'] else 'fail'}")
             finally:
                 env.close()
     summary = summarize(episodes)
     summary["config"] = to_jsonable({k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()})
     summary["policy_link"] = getattr(policy, "name", type(policy).__name__)
+    summary["switch_jump"] = _switch_stats(  # the step delta: the mean of the episodes' means
+        [sw for ep in episodes for sw in ep["chunk_switches"]],
+        [ep["switch_jump"]["step_delta_mean"] for ep in episodes if ep["switch_jump"]["step_delta_mean"] is not None],
+    )
+    if config.rtc:
+        summary["rtc"] = {
+            "delay_steps": config.rtc_delay_steps or "measured",
+            "fallback": getattr(policy, "rtc_fallback", None),
+            "server_sources": dict(Counter(r["rtc"] for ep in episodes for r in ep["rtc"]["requests"])),
+        }
     summary["episode_records"] = [
         {k: ep[k] for k in ("name", "scene_id", "episode", "success", "num_steps", "video", "record", "failure")}
         for ep in episodes

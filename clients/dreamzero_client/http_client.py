@@ -10,6 +10,8 @@ What it does for you:
   `parameters.expected_incarnations`, so a server that lost the session (replica died, scaled down, evicted)
   restarts it and says so instead of reusing stale state;
 - `reset_sessions(ids)` (or `reset=`) marks rows in `reset_mask` of the next call;
+- real-time chunking (docs/rtc.md): `rtc_prefix_len`, `rtc_exec_horizon`, `action_prefix` per row go to
+  `parameters` as given (the server checks them and names the field it refuses);
 - retries connection errors, timeouts and 500/502/503/504 with linear backoff (honouring `Retry-After`), never other
   4xx; raises typed errors from `dreamzero_client.errors` carrying the server's message and field;
 - bypasses HTTP proxies for loopback addresses (a corporate `HTTP_PROXY` must not capture 127.0.0.1).
@@ -167,11 +169,17 @@ class ActionClient:
         timeout_s: float | None = None,
         expected_steps: Sequence[int | None] | None = None,
         expected_incarnations: Sequence[str | None] | None = None,
+        rtc_prefix_len: int | Sequence[int | None] | None = None,
+        rtc_exec_horizon: int | Sequence[int | None] | None = None,
+        action_prefix: Any = None,
     ) -> ActionResult:
         """One action chunk for every session in `session_ids` (observation arrays carry a leading batch dim B).
 
         `expected_steps` / `expected_incarnations` (per row) replace what the client tracked from earlier replies,
-        for a caller that keeps the session's continuity itself.
+        for a caller that keeps the session's continuity itself. `rtc_prefix_len` (d), `rtc_exec_horizon` (s):
+        one int for every row or one per row (None: not asked); `action_prefix`: [P, D] for every row, [B, P, D],
+        or B entries of [P, D] / None, in robot units for the raw form (docs/rtc.md). The reply's sessions say
+        where each row's RTC target came from (`rtc`).
         """
         ids = [session_ids] if isinstance(session_ids, str) else list(session_ids)
         b = len(ids)
@@ -212,6 +220,7 @@ class ActionClient:
             model=self.model,
             output_format="numpy" if self.flavour != codec.JSON else "list",
         )
+        body["parameters"].update(self._rtc_parameters(b, rtc_prefix_len, rtc_exec_horizon, action_prefix))
         content, ctype = codec.encode_body(body, self.flavour)
         resp = self._request(
             "POST", routes.GENERATIONS_PATH, content=content, headers={"Content-Type": ctype}, timeout_s=timeout_s
@@ -225,6 +234,28 @@ class ActionClient:
             raise ProtocolError(f"expected actions [B={b}, H, D], got shape {list(parsed.actions.shape)}")
         self._record(ids, parsed.sessions)
         return ActionResult(parsed.actions, parsed.sessions, parsed.timings, reply, parsed.form)
+
+    def _rtc_parameters(self, b: int, prefix_len, exec_horizon, action_prefix) -> dict:
+        """The RTC keys of `parameters` (only those given); shapes per row are checked here, values by the server."""
+        params: dict[str, Any] = {}
+        for key, value in (("rtc_prefix_len", prefix_len), ("rtc_exec_horizon", exec_horizon)):
+            if value is None:
+                continue
+            rows = [value] * b if isinstance(value, int | np.integer) else list(value)
+            if len(rows) != b:
+                raise ValueError(f"{key} has {len(rows)} entries for {b} sessions")
+            params[key] = [None if v is None else int(v) for v in rows]
+        if action_prefix is not None:
+            if isinstance(action_prefix, np.ndarray) and action_prefix.ndim in (2, 3):
+                if action_prefix.ndim == 3 and action_prefix.shape[0] != b:
+                    raise ValueError(f"action_prefix has {action_prefix.shape[0]} rows for {b} sessions")
+                params["action_prefix"] = action_prefix.astype(np.float32, copy=False)  # [P, D] is every row's
+            else:
+                rows = list(action_prefix)
+                if len(rows) != b:
+                    raise ValueError(f"action_prefix has {len(rows)} entries for {b} sessions")
+                params["action_prefix"] = [None if r is None else np.asarray(r, np.float32) for r in rows]
+        return params
 
     def _record(self, ids: list[str], sessions: list[dict]) -> None:
         for sid in ids:

@@ -4,6 +4,10 @@ Both send the same frames (`droid.FRAME_OFFSETS`) and echo the session's continu
 HTTP body's `parameters.expected_steps` / `expected_incarnations`; on OpenPI the keys of the same names, a list of
 one), so a server that lost the session restarts it and says so instead of reusing stale state.
 
+A query with `rtc` (real-time chunking, docs/rtc.md) adds, for its one row, `rtc_prefix_len` [d], `rtc_exec_horizon`
+[s] and, when the client sends its own, `action_prefix` float32 [1, P, 8] in robot units (HTTP: in `parameters`;
+OpenPI: keys of the same names, like the continuity fields).
+
     policy = DroidPolicy(connect("ws://gpu-box:8000"), prompt="wipe the table")
 """
 
@@ -14,6 +18,17 @@ import numpy as np
 from dreamzero_client import droid
 from dreamzero_client.errors import ConfigError
 from dreamzero_client.policy import LinkReply, Query, as_call_error
+from dreamzero_client.rtc import RtcRequest
+
+
+def rtc_fields(rtc: RtcRequest | None) -> dict:
+    """The RTC fields of one row as both links send them (a list of one per field: the row-wise form)."""
+    if rtc is None:
+        return {}
+    fields = {"rtc_prefix_len": [int(rtc.prefix_len)], "rtc_exec_horizon": [int(rtc.exec_horizon)]}
+    if rtc.action_prefix is not None:
+        fields["action_prefix"] = np.asarray(rtc.action_prefix, dtype=np.float32)[None]
+    return fields
 
 
 class OpenPILink:
@@ -77,6 +92,7 @@ class OpenPILink:
                 msg["expected_steps"] = [query.expected_step]
             if query.expected_incarnation is not None:
                 msg["expected_incarnations"] = [query.expected_incarnation]
+        msg.update(rtc_fields(query.rtc))
         return msg
 
     def send(self, query: Query) -> LinkReply:
@@ -130,6 +146,7 @@ class HttpLink:
             form="raw",
             expected_steps=[None if query.first_call else query.expected_step],
             expected_incarnations=[None if query.first_call else query.expected_incarnation],
+            **rtc_fields(query.rtc),
         )
         sessions = result.sessions or [None]
         return LinkReply(result.actions[0], sessions[0], dict(result.timings or {}))

@@ -12,12 +12,19 @@ chunk check, and session continuity (the server's step and incarnation of the la
 query, and a reply that says the server restarted the session is flagged in `Chunk.restarted`). A `Link` carries a
 `Query` over one transport (`dreamzero_client.links`, or the in-process policy of `eval/`).
 
+Real-time chunking (docs/rtc.md, "Clients"): `request(obs, rtc=RtcRequest(...))` asks the server to continue the
+chunk the robot is executing (`dreamzero_client.rtc.RtcSchedule` says when and with what). A server that refuses a
+field of it (an older server answering 422 naming it) gets the query again without that field, and no RTC field
+from then on; a server that ignores the fields (no `rtc` in its session report) gets none from then on either.
+Both log one warning; the chunks are then plain ones, on the same timeline.
+
 Every failure surfaces as `PolicyCallError` with a `reason` in FAILURE_REASONS; an unusable chunk is its subclass
 `ChunkRejected`, so a robot loop may hold and retry while the evaluation records a failed episode.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -29,6 +36,7 @@ import numpy as np
 
 from dreamzero_client import droid
 from dreamzero_client.errors import DreamZeroError, InvalidObservation
+from dreamzero_client.rtc import RtcRequest, refused_fields
 
 log = logging.getLogger("dreamzero.clients.policy")
 
@@ -108,6 +116,7 @@ class Query:
     first_call: bool
     expected_step: int | None = None  # `step` of the session's last reply
     expected_incarnation: str | None = None  # `incarnation` of the session's last reply
+    rtc: RtcRequest | None = None  # real-time chunking: continue the chunk being executed (None: a plain query)
 
 
 @dataclass(frozen=True)
@@ -136,6 +145,8 @@ class Chunk:
     session: dict | None = None  # the server's session report, when the link carries one
     timings: dict = field(default_factory=dict)
     restarted: str | None = None  # why the server restarted a running session (state lost), else None
+    rtc_request: RtcRequest | None = None  # what the query asked (None: plain, or RTC dropped after a refusal)
+    rtc: str | None = None  # the server's `session.rtc`: "client_prefix" | "session_cache" | "cold_start"
 
 
 @runtime_checkable
@@ -164,6 +175,8 @@ class DroidPolicy:
         self.session_prefix = session_prefix
         self.history = droid.FrameHistory()
         self._lock = threading.Lock()
+        self.rtc_fallback: str | None = None  # why RTC fields are no longer sent (None: sent when asked)
+        self._prefix_refused = False  # the server refused `action_prefix` only: d and s are still sent
         self._new_session()
 
     @property
@@ -184,29 +197,65 @@ class DroidPolicy:
         with self._lock:
             self.history.append(frame)
 
-    def request(self, obs: dict) -> Query:
-        """Record `obs` and build its query now (a background `send` then uses this step's frames)."""
+    def request(self, obs: dict, rtc: RtcRequest | None = None, record: bool = True) -> Query:
+        """Build the query of `obs` now (a background `send` then uses this step's frames), recording its frame
+        unless `record` is False (`observe` already did this step). `rtc`: continue the executing chunk."""
         prompt = obs.get("prompt", self.prompt) if isinstance(obs, dict) else self.prompt
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidObservation("prompt: expected a non-empty instruction", field="prompt")
-        frame = droid.make_frame(obs, self.image_hw)
+        frame = droid.make_frame(obs, self.image_hw) if record else None
         with self._lock:
-            self.history.append(frame)
+            if frame is not None:
+                self.history.append(frame)
             first = self.calls == 0
             self.calls += 1
             frames = self.history.select(first)
-            return Query(self.session_id, prompt, frames, first, self._last_step, self._last_incarnation)
+            return Query(self.session_id, prompt, frames, first, self._last_step, self._last_incarnation,
+                         self._allowed(rtc))  # fmt: skip
 
     def send(self, query: Query) -> Chunk:
         start = time.perf_counter()
-        try:
-            reply = self.link.send(query)
-        except Exception as exc:  # translated, never swallowed: the caller ends the episode with the reason
-            raise as_call_error(exc) from exc
+        reply, query = self._send_with_fallback(query)
         latency_ms = (time.perf_counter() - start) * 1e3
         actions = validate_chunk(reply.actions, min_rows=self.min_rows)
+        source = reply.session.get("rtc") if isinstance(reply.session, dict) else None
+        if query.rtc is not None and source is None:
+            self._stop_rtc("the server ignored the RTC fields (its reply has no session.rtc): an older server")
         return Chunk(actions, latency_ms, query.session_id, reply.session, dict(reply.timings or {}),
-                     self._continuity(query, reply.session))  # fmt: skip
+                     self._continuity(query, reply.session), query.rtc, source)  # fmt: skip
+
+    def _send_with_fallback(self, query: Query) -> tuple[LinkReply, Query]:
+        """The link's reply; an error reply naming an RTC field is answered by asking again without it (at most
+        twice: the prefix, then all of RTC). Other failures are translated, never swallowed."""
+        while True:
+            try:
+                return self.link.send(query), query
+            except Exception as exc:  # the caller ends the episode (or holds) with the reason
+                error = as_call_error(exc)
+                named = refused_fields(exc) if query.rtc is not None and error.reason == "error_reply" else set()
+                if not named:
+                    raise error from exc
+                if named == {"action_prefix"} and query.rtc.action_prefix is not None:
+                    with self._lock:
+                        self._prefix_refused = True
+                    log.warning("the server refused action_prefix (%s): RTC goes on without it", error.detail)
+                    query = dataclasses.replace(query, rtc=query.rtc.without_prefix())
+                else:
+                    self._stop_rtc(f"the server refused {sorted(named)}: {error.detail}")
+                    query = dataclasses.replace(query, rtc=None)
+
+    def _allowed(self, rtc: RtcRequest | None) -> RtcRequest | None:
+        """What of `rtc` the server has not refused (call under the lock)."""
+        if rtc is None or self.rtc_fallback is not None:
+            return None
+        return rtc.without_prefix() if self._prefix_refused else rtc
+
+    def _stop_rtc(self, why: str) -> None:
+        with self._lock:
+            if self.rtc_fallback is not None:
+                return
+            self.rtc_fallback = why
+        log.warning("real-time chunking off, plain chunks from now on: %s", why)
 
     def infer(self, obs: dict) -> Chunk:
         return self.send(self.request(obs))

@@ -11,12 +11,14 @@ import numpy as np
 import pytest
 
 from dreamzero.errors import ConfigError
+from dreamzero_client.errors import BadRequestError
 from dreamzero_client.links import OpenPILink
-from dreamzero_client.policy import DroidPolicy
+from dreamzero_client.policy import DroidPolicy, LinkReply
+from eval.cli import parse_args
 from eval.mujoco_droid import MujocoDroidEnv
 from eval.report import write_report
 from eval.runner import EvalConfig, run_evaluation
-from tests.eval_support import FakeOpenPIServer, scripted_policy
+from tests.eval_support import FakeOpenPIServer, ScriptedLink, scripted_policy
 
 
 def _env(scene):
@@ -133,3 +135,93 @@ def test_config_validation(tmp_path):
         run_evaluation(_env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, open_loop_horizon=0))
     with pytest.raises(ConfigError, match="episodes_per_scene"):
         run_evaluation(_env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, episodes_per_scene=0))
+
+
+# Real-time chunking (docs/rtc.md "Clients"): the delay is emulated, the switch jump is recorded ---------------------
+class RtcScriptedLink(ScriptedLink):
+    """Drift chunks from the observed joints; with RTC and a client prefix the chunk continues the prefix (its first
+    d rows are the prefix, then 0.01 rad a row on), as the server's clamp would. `refuse` answers 422 naming it."""
+
+    def __init__(self, refuse: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.refuse, self.queries = refuse, []
+
+    def send(self, query):
+        self.queries.append(query)
+        rtc = query.rtc
+        if rtc is not None and self.refuse:
+            raise BadRequestError(
+                f"unknown field {self.refuse}", 422, "invalid_observation", f"parameters.{self.refuse}"
+            )
+        reply = super().send(query)
+        actions, session = np.array(reply.actions), {"session_id": query.session_id, "step": len(self.calls)}
+        if rtc is not None:
+            d = rtc.prefix_len
+            actions[:d, :7] = rtc.action_prefix[:d, :7]
+            actions[d:, :7] = actions[d - 1, :7] + 0.01 * np.arange(1, self.horizon - d + 1)[:, None]
+            session["rtc"] = "client_prefix"
+        return LinkReply(actions, session)
+
+
+def test_rtc_emulates_the_delay_switches_at_row_d_and_records_the_jump(tmp_path):
+    link = RtcScriptedLink()
+    policy = DroidPolicy(link, session_prefix="droid-eval")
+    config = EvalConfig(out_dir=tmp_path, max_steps=20, record_video=False, rtc=True, rtc_delay_steps=3)
+    summary = run_evaluation(_env, policy, config)
+    record = json.loads((tmp_path / "episodes" / "scene1_ep000.json").read_text())
+    steps = record["steps"]
+    assert [s["step"] for s in steps if s["queried"]] == [0, 8, 16]  # the cadence of the open-loop horizon
+    # chunk 1 rows 0..10 (8..10 while chunk 2 "computes"), then chunk 2 from row d = 3
+    assert [s["chunk_row"] for s in steps] == [*range(11), *range(3, 11), 3]
+    queries = [q.rtc for q in link.queries]
+    assert queries[0] is None and [(q.prefix_len, q.exec_horizon) for q in queries[1:]] == [(3, 8), (3, 8)]
+    switches = record["chunk_switches"]
+    assert [(sw["step"], sw["row"], sw["prefix_len"], sw["exec_horizon"], sw["rtc"]) for sw in switches] == [
+        (11, 3, 3, 8, "client_prefix"),
+        (19, 3, 3, 8, "client_prefix"),
+    ]
+    # old row s + d - 1 = 10, then new row d = 3 continuing it: one step of motion, like any step inside a chunk
+    np.testing.assert_allclose([sw["jump"] for sw in switches], 0.01 * np.sqrt(7), rtol=1e-5)
+    np.testing.assert_allclose(steps[11]["action"][:7], np.asarray(steps[10]["action"][:7]) + 0.01, atol=1e-6)
+    assert record["switch_jump"]["count"] == 2 and record["switch_jump"]["max"] == pytest.approx(0.01 * np.sqrt(7))
+    assert record["rtc"]["fallback"] is None and [r["step"] for r in record["rtc"]["requests"]] == [8, 16]
+    assert summary["rtc"] == {"delay_steps": 3, "fallback": None, "server_sources": {"client_prefix": 2}}
+    assert summary["switch_jump"]["count"] == 2
+
+
+def test_without_rtc_the_switch_jump_is_recorded_too(tmp_path):
+    config = EvalConfig(out_dir=tmp_path, max_steps=17, record_video=False)
+    summary = run_evaluation(_env, DroidPolicy(RtcScriptedLink()), config)
+    record = json.loads((tmp_path / "episodes" / "scene1_ep000.json").read_text())
+    assert [(sw["step"], sw["row"]) for sw in record["chunk_switches"]] == [(8, 0), (16, 0)]
+    assert all(sw["jump"] > 0 for sw in record["chunk_switches"]) and record["rtc"] is None
+    assert "rtc" not in summary and summary["switch_jump"]["count"] == 2
+
+
+def test_rtc_with_the_measured_delay_and_a_server_that_refuses_it(tmp_path, caplog):
+    link = RtcScriptedLink(refuse="rtc_prefix_len")
+    policy = DroidPolicy(link, session_prefix="droid-eval")
+    config = EvalConfig(out_dir=tmp_path, max_steps=12, record_video=False, rtc=True)  # in-process: d = 1
+    with caplog.at_level("WARNING"):
+        summary = run_evaluation(_env, policy, config)
+    record = json.loads((tmp_path / "episodes" / "scene1_ep000.json").read_text())
+    assert record["failure"] is None and record["num_steps"] == 12
+    assert [(sw["step"], sw["row"], sw["prefix_len"], sw["rtc"]) for sw in record["chunk_switches"]] == [
+        (9, 1, 1, None)
+    ]
+    assert [q.rtc is None for q in link.queries] == [True, False, True]  # refused once, asked again without RTC
+    assert "rtc_prefix_len" in record["rtc"]["fallback"] and summary["rtc"]["fallback"] == record["rtc"]["fallback"]
+    assert record["rtc"]["requests"][0]["sent"] is False and "real-time chunking off" in caplog.text
+
+
+def test_rtc_config_and_cli_flags(tmp_path):
+    with pytest.raises(ConfigError, match="rtc_delay_steps"):
+        run_evaluation(_env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, rtc_delay_steps=3))
+    with pytest.raises(ConfigError, match="rtc.delay_steps = 13"):  # H = 24: d <= 12
+        run_evaluation(
+            _env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, max_steps=9, rtc=True, rtc_delay_steps=13)
+        )
+    args = parse_args(["--rtc", "--rtc-delay-steps", "4"])
+    assert args.rtc and args.rtc_delay_steps == 4 and not parse_args([]).rtc
+    with pytest.raises(ConfigError, match="--rtc-delay-steps"):
+        parse_args(["--rtc-delay-steps", "4"])

@@ -95,6 +95,8 @@ class DeployArgs:
             max_steps=ns.max_steps,
             prefetch=ns.prefetch,
             prefetch_lead_steps=ns.prefetch_lead_steps,
+            rtc=ns.rtc,
+            rtc_max_delay_steps=ns.rtc_max_delay_steps,
             watchdog_timeout_s=ns.watchdog_timeout_s,
             chunk_wait_s=ns.timeout_s,
             log_dir=ns.log_dir,
@@ -151,6 +153,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--open-loop-horizon", type=int, default=8, help="chunk rows executed before the next query")
     g.add_argument("--prefetch", action="store_true", help="query the next chunk while executing the current one")
     g.add_argument("--prefetch-lead-steps", type=int, default=2)
+    g.add_argument(
+        "--rtc",
+        action="store_true",
+        help="real-time chunking: prefetch with the measured delay d, the server continues the executing chunk, "
+        "switch to row d of the new one (docs/rtc.md); replaces --prefetch",
+    )
+    g.add_argument("--rtc-max-delay-steps", type=int, default=None, help="cap on the measured delay (default H // 2)")
     g.add_argument(
         "--watchdog-timeout-s", type=float, default=0.5, help="hold the arm after this long without a command"
     )

@@ -7,7 +7,10 @@ Per episode:
    current chunk (open-loop horizon, 8 rows by default) is used up, pass the next row through the safety filter, send
    the joint targets and (on change) the gripper command by DROID's rule, log the step;
 3. with `prefetch`, the next query is sent `prefetch_lead_steps` ticks early from a background thread and the new
-   chunk starts that many rows in (its first rows belong to ticks that already happened);
+   chunk starts that many rows in (its first rows belong to ticks that already happened); with `rtc` instead, the
+   lead is the measured delay d and the server continues the executing chunk (`dreamzero_client.rtc`, docs/rtc.md):
+   the query leaves at row s, the old chunk runs on until the reply is there and d ticks have passed, and the new
+   one starts at the row of that tick (d when on time); the arm holds only if the old chunk runs out first;
 4. the episode ends after `max_steps`, on an operator label / abort / quit, on Ctrl+C (aborted), or as failed with
    its reason (server lost, too many rejected chunks, a device fault). The arm holds on every way out.
 """
@@ -29,6 +32,7 @@ from dreamzero_client.franka.episode_log import EpisodeLog
 from dreamzero_client.franka.operator import Command, Operator
 from dreamzero_client.franka.safety import DROID_HOME, SafetyFilter, Watchdog
 from dreamzero_client.policy import Chunk, ChunkRejected, DroidPolicy, PolicyCallError
+from dreamzero_client.rtc import RtcSchedule, switch_jump
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +44,8 @@ class LoopConfig:
     max_steps: int = 450  # 30 s at 15 Hz
     prefetch: bool = False  # query the next chunk in the background while executing the current one
     prefetch_lead_steps: int = 2  # how many ticks early the prefetch query is sent
+    rtc: bool = False  # prefetch with the measured delay, the server continues the executing chunk (docs/rtc.md)
+    rtc_max_delay_steps: int | None = None  # cap on the measured delay (always at most H // 2)
     chunk_wait_s: float = 30.0  # how long the arm may hold waiting for a late prefetched chunk
     max_rejected_chunks: int = 3  # consecutive rejected chunks before the episode fails
     watchdog_timeout_s: float = 0.5  # hold the arm when no command was sent for this long
@@ -61,6 +67,10 @@ class LoopConfig:
                 f"loop.prefetch_lead_steps must be in [1, open_loop_horizon={self.open_loop_horizon}), "
                 f"got {self.prefetch_lead_steps}"
             )
+        if self.rtc and self.prefetch:
+            raise ConfigError("loop.rtc: RTC prefetches with the measured delay; leave loop.prefetch off")
+        if self.rtc_max_delay_steps is not None and self.rtc_max_delay_steps < 1:
+            raise ConfigError(f"loop.rtc_max_delay_steps must be >= 1 or None, got {self.rtc_max_delay_steps}")
         if len(self.home) != 7:
             raise ConfigError(f"loop.home must hold 7 joint positions, got {len(self.home)}")
         for name in ("chunk_wait_s", "watchdog_timeout_s", "home_timeout_s", "gripper_timeout_s"):
@@ -73,7 +83,9 @@ class LoopConfig:
 
     @property
     def min_chunk_rows(self) -> int:
-        """Rows a chunk needs: the executed part, shifted by the prefetch lead."""
+        """Rows a chunk needs: the executed part, shifted by the prefetch lead (RTC: at least 2, d <= s <= H - d)."""
+        if self.rtc:
+            return max(self.open_loop_horizon, 2)
         return self.open_loop_horizon + (self.prefetch_lead_steps if self.prefetch else 0)
 
 
@@ -156,6 +168,9 @@ class EpisodeRunner:
         self.policy.min_rows = max(self.policy.min_rows, self.config.min_chunk_rows)
         self.quit_requested = False
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="franka-prefetch")
+        rtc = self.config.rtc  # one schedule for the session: its delay estimate outlives the episodes
+        self.rtc = RtcSchedule(self.config.open_loop_horizon, self.config.control_hz,
+                               max_delay_steps=self.config.rtc_max_delay_steps) if rtc else None  # fmt: skip
 
     # 1. one episode ------------------------------------------------------------------------------------------------
     def run_episode(self, episode_index: int) -> EpisodeResult:
@@ -168,6 +183,8 @@ class EpisodeRunner:
         watchdog = Watchdog(cfg.watchdog_timeout_s, on_expire=gate.hold)
         t0 = time.monotonic()
         self._pending: concurrent.futures.Future | None = None
+        if self.rtc is not None:
+            self.rtc.reset()
         try:
             self.policy.reset()  # releases the previous episode's session; a new session id
             result.session_id = self.policy.session_id
@@ -234,18 +251,26 @@ class EpisodeRunner:
             record: dict = {"step": step, "t": tick_start, "queried": False}
             observed = False  # each tick's frame enters the policy's history exactly once
 
-            # 2a. a new chunk when the executed part of the current one is used up
-            if chunk is None or executed >= cfg.open_loop_horizon:
+            # 2a. a new chunk when the executed part of the current one is used up (RTC: when the schedule says)
+            rtc_row = self._rtc_switch_row() if self.rtc is not None and chunk is not None else None
+            if chunk is None or (executed >= cfg.open_loop_horizon and not cfg.rtc) or rtc_row is not None:
                 try:
                     if self._pending is not None:
                         self.policy.observe(obs)
                         observed = True
-                        chunk, row = self._take_prefetched(gate), cfg.prefetch_lead_steps
+                        last = chunk.actions[row - 1] if chunk is not None and row > 0 else None
+                        chunk = self._take_prefetched(gate)
+                        row = cfg.prefetch_lead_steps if rtc_row is None else rtc_row
+                        if rtc_row is not None and last is not None:
+                            jump = switch_jump(last, chunk.actions[row])
+                            record.update(rtc_switch_row=row, rtc_source=chunk.rtc, switch_jump=jump)
                     else:
                         observed = True  # infer records the frame before it can fail
                         chunk, row = self.policy.infer(obs), 0
                     result.server_calls += 1
                     result.latencies_ms.append(chunk.latency_ms)
+                    if self.rtc is not None:
+                        self.rtc.add_latency(chunk.latency_ms)
                     record.update(queried=True, latency_ms=chunk.latency_ms, server=chunk.session)
                     if chunk.restarted:
                         record["session_restarted"] = chunk.restarted
@@ -273,6 +298,14 @@ class EpisodeRunner:
             # new chunk's row 0 is this tick's action, so it starts at row `lead` when it takes over
             if cfg.prefetch and self._pending is None and executed == cfg.open_loop_horizon - cfg.prefetch_lead_steps:
                 self._pending = self._executor.submit(self.policy.send, self.policy.request(obs))
+                observed = True
+            # RTC: the query leaves at row s of the current chunk with d = the measured delay (docs/rtc.md)
+            asked = self.rtc.plan(chunk.actions, row) if self.rtc is not None and self._pending is None else None
+            if asked is not None:
+                query = self.policy.request(obs, rtc=asked, record=not observed)
+                self._pending = self._executor.submit(self.policy.send, query)
+                self.rtc.sent(asked, len(chunk.actions))
+                record.update(rtc_request={"prefix_len": asked.prefix_len, "exec_horizon": asked.exec_horizon})
                 observed = True
             if not observed:
                 self.policy.observe(obs)
@@ -310,6 +343,15 @@ class EpisodeRunner:
         )
         newest = self.policy.history.select(first_call=True)[0]  # this tick's frame, as the policy sees it
         log.step(record, [newest.images[name] for name in droid.CAMERAS])
+
+    def _rtc_switch_row(self) -> int | None:
+        """The row the new chunk starts at this tick, or None to keep executing the old one."""
+        if self._pending is None:
+            return None
+        row = self.rtc.switch_row(ready=self._pending.done())
+        if row is not None:
+            self.rtc.switched()
+        return row
 
     def _take_prefetched(self, gate: CommandGate) -> Chunk:
         """The prefetched chunk; if it is late the arm holds while we wait (bounded by chunk_wait_s)."""
