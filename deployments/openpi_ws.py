@@ -79,7 +79,8 @@ def to_generation_request(
     req: openpi.OpenPIRequest, session: WsSession, key_map: Mapping[str, str]
 ) -> generations.GenerationRequest:
     """OpenPI keys -> the embodiment's raw keys with a batch dim of 1 (cameras through the frame buffers), plus the
-    session's continuity: the step and incarnation of its last reply."""
+    session's continuity (the step and incarnation of its last reply: echoed by the client when it sends them, else
+    what this socket saw) and real-time chunking options."""
     obs: dict[str, np.ndarray] = {}
     first_call = session.reset_next
     for key, value in req.observation.items():
@@ -100,11 +101,18 @@ def to_generation_request(
         form="raw",
         reset_mask=[first_call],
         seeds=None if req.seed is None else [req.seed],
-        expected_steps=None if first_call else [session.last_step],
-        expected_incarnations=None if first_call else [session.last_incarnation],
+        expected_steps=None if first_call else [_echoed(req.expected_step, session.last_step)],
+        expected_incarnations=None if first_call else [_echoed(req.expected_incarnation, session.last_incarnation)],
         routing_key=session.model_id,
         flavour=req.flavour,
+        rtc_prefix_len=None if req.rtc_prefix_len is None else [req.rtc_prefix_len],
+        rtc_exec_horizon=None if req.rtc_exec_horizon is None else [req.rtc_exec_horizon],
+        action_prefix=None if req.action_prefix is None else [req.action_prefix],
     )
+
+
+def _echoed(client_value, socket_value):
+    return socket_value if client_value is None else client_value
 
 
 class OpenPISocketServer:

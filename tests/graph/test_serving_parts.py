@@ -15,6 +15,7 @@ from deployments.openpi_ws import WsSession, buffer_frames
 from deployments.policy import PolicyDeployment, merge_batches, plan_groups, split_result
 from dreamzero import errors
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
+from dreamzero_client.wire import openpi
 from serve_graph.builder import build_app, policy_options
 from serve_graph.config import parse_app_args
 from serve_graph.errors_http import classify, reply_response, ws_error_frame
@@ -351,3 +352,21 @@ def test_ws_frame_buffer_first_call_one_frame_then_last_four():
     assert isinstance(s.buffers["cam"], deque) and len(s.buffers["cam"]) == 4
     with pytest.raises(errors.InvalidObservation):
         buffer_frames(s, "cam", np.zeros((6, 3), np.uint8), first_call=False)
+
+
+def test_ws_request_carries_rtc_options_and_prefers_the_clients_continuity_echo():
+    from deployments.openpi_ws import to_generation_request
+    from dreamzero_client.droid import OPENPI_DROID_KEY_MAP
+
+    s = WsSession("default", "ws-x:default")
+    s.reset_next, s.last_step, s.last_incarnation = False, 4, "abc"
+    obs = {k: np.zeros((180, 320, 3), np.uint8) for k in OPENPI_DROID_KEY_MAP if "image" in k}
+    obs |= {"observation/joint_position": np.zeros(7, np.float32), "observation/gripper_position": np.zeros(1)}
+    base = {"prompt": "x", "observation": obs, "reply_as_dict": True, "endpoint": "infer", "session_id": "default"}
+    req = openpi.OpenPIRequest(**base, seed=None, rtc_prefix_len=2, action_prefix=np.zeros((2, 8)))
+    out = to_generation_request(req, s, OPENPI_DROID_KEY_MAP)
+    assert out.rtc_prefix_len == [2] and out.action_prefix[0].shape == (2, 8) and out.rtc_exec_horizon is None
+    assert (out.expected_steps, out.expected_incarnations) == ([4], ["abc"])  # what the socket saw
+    echoed = openpi.OpenPIRequest(**base, seed=None, expected_step=9, expected_incarnation="def")
+    out = to_generation_request(echoed, s, OPENPI_DROID_KEY_MAP)
+    assert (out.expected_steps, out.expected_incarnations) == ([9], ["def"])  # the client's echo wins

@@ -303,3 +303,17 @@ def test_handshake_and_error_frame():
     back, _ = openpi.unpack_frame(openpi.pack_frame(frame))
     assert openpi.is_error_frame(back) and back["message"] == "Invalid request payload"
     assert not openpi.is_error_frame({"actions": 1})
+
+
+def test_openpi_rtc_and_continuity_keys_are_control_keys_with_checked_values():
+    prefix = np.zeros((3, 8), np.float32)
+    msg = _droid_msg(rtc_prefix_len=[3], rtc_exec_horizon=[8], action_prefix=prefix[None], expected_steps=[2])
+    req = openpi.parse_openpi_request(openpi.unpack_frame(openpi.pack_frame(msg))[0])
+    assert (req.rtc_prefix_len, req.rtc_exec_horizon, req.expected_step) == (3, 8, 2)
+    assert req.action_prefix.shape == (3, 8) and "action_prefix" not in req.observation
+    with pytest.raises(InvalidObservation) as err:
+        openpi.parse_openpi_request(_droid_msg(rtc_prefix_len=[-1]))
+    assert err.value.field.startswith("rtc_prefix_len")
+    with pytest.raises(InvalidObservation) as err:
+        openpi.parse_openpi_request(_droid_msg(action_prefix=np.full((1, 2, 8), np.nan, np.float32)))
+    assert err.value.field.startswith("action_prefix")

@@ -13,12 +13,14 @@ from dreamzero_client.droid import OPENPI_DROID_KEY_MAP  # noqa: F401 - the DROI
 from dreamzero_client.errors import InvalidObservation, InvalidRequest
 from dreamzero_client.wire import codec
 from dreamzero_client.wire import fields as f
-from dreamzero_client.wire.generations import continuity_fields
+from dreamzero_client.wire.generations import action_prefixes, continuity_fields, rtc_counts
 
 #: control keys of an OpenPI request; everything else is observation. `expected_steps` / `expected_incarnations`
-#: (a list of one) carry the session's continuity fields, as in the HTTP body's `parameters`.
+#: (a list of one) carry the session's continuity fields, and `rtc_prefix_len` / `rtc_exec_horizon` /
+#: `action_prefix` real-time chunking (docs/rtc.md), as in the HTTP body's `parameters`.
 OPENPI_CONTROL_KEYS = (
     "endpoint", "session_id", "prompt", "seed", "response_format", "expected_steps", "expected_incarnations",
+    "rtc_prefix_len", "rtc_exec_horizon", "action_prefix",
 )  # fmt: skip
 OPENPI_ENDPOINTS = ("infer", "reset")
 OPENPI_DEFAULT_SESSION = "default"
@@ -78,6 +80,9 @@ class OpenPIRequest:
     flavour: str = codec.OPENPI
     expected_step: int | None = None  # `step` of the session's last reply, echoed by the client
     expected_incarnation: str | None = None  # `incarnation` of the session's last reply, echoed by the client
+    rtc_prefix_len: int | None = None  # real-time chunking (docs/rtc.md): d
+    rtc_exec_horizon: int | None = None  # s
+    action_prefix: np.ndarray | None = None  # [P, D] in robot units
 
 
 def parse_openpi_request(msg: Any, flavour: str = codec.OPENPI) -> OpenPIRequest:
@@ -111,9 +116,14 @@ def parse_openpi_request(msg: Any, flavour: str = codec.OPENPI) -> OpenPIRequest
     if endpoint == "infer" and prompt is None:
         raise InvalidObservation("'prompt' is required for infer", field="prompt")
     steps, incarnations = continuity_fields(msg, 1)
+    prefix_len = rtc_counts(msg.get("rtc_prefix_len"), "rtc_prefix_len", 1)
+    horizon = rtc_counts(msg.get("rtc_exec_horizon"), "rtc_exec_horizon", 1)
+    prefix = action_prefixes(msg.get("action_prefix"), "action_prefix", 1)
     return OpenPIRequest(
         endpoint, session_id, prompt, seed, observation, reply_as_dict, flavour,
         expected_step=steps[0] if steps else None, expected_incarnation=incarnations[0] if incarnations else None,
+        rtc_prefix_len=prefix_len[0] if prefix_len else None, rtc_exec_horizon=horizon[0] if horizon else None,
+        action_prefix=prefix[0] if prefix else None,
     )  # fmt: skip
 
 
