@@ -123,6 +123,12 @@ class CommandGate:
             self.robot.send(joint_targets)
             self._held = False
 
+    def send_pose(self, pose: np.ndarray, joint_hint: np.ndarray) -> None:
+        """A TCP pose target (franka_pnp; the robot is a `pnp.cartesian.CartesianRobot`)."""
+        with self._lock:
+            self.robot.send_pose(pose, joint_hint)
+            self._held = False
+
     def hold(self) -> None:
         with self._lock:
             self.robot.hold()
