@@ -2,7 +2,7 @@
 
 RLinf configures its pick-and-place task with one measured pose, `target_ee_pose` = (x, y, z, rx, ry, rz) in the
 robot base frame (metres, Euler "xyz" radians): the lowest point of the task's motion space. Everything else is
-derived from it (see docs/franka_pnp.md): the reset pose hovers 0.10 m above it, and the clip box spans
+derived from it (see docs/franka.md, section 8): the reset pose hovers 0.10 m above it, and the clip box spans
 x +- 0.10, y +- 0.15, z from -0.001 to +0.10 around it, with rx / ry held within +- 0.01 rad and rz within +- pi/6 of
 its orientation. `TaskPoses.from_target` reproduces that derivation; every field can be overridden.
 
