@@ -182,8 +182,10 @@ class FakeOpenPIServer:
                         image = request[f"observation/{key}"]  # one frame, or a 4-frame stack after the first query
                         assert image.shape[-3:] == (180, 320, 3) and image.dtype == np.uint8, (key, image.shape)
                 else:
+                    block = () if session_id not in self.sessions() else (4,)  # 1 frame, then 4-frame blocks
                     for key in ("observation/image", "observation/wrist_image"):
-                        assert request[key].shape == (128, 128, 3) and request[key].dtype == np.uint8, key
+                        assert request[key].shape[-3:] == (128, 128, 3) and request[key].dtype == np.uint8, key
+                        assert request[key].shape[:-3] == block, (key, request[key].shape)
                     assert np.asarray(request["observation/state"]).shape == (19,)
                 self._record("infer", session_id)
                 if self.kill_after_infers is not None and self.infers() >= self.kill_after_infers:

@@ -14,7 +14,7 @@ from dreamzero_client.franka.operator import Command
 from dreamzero_client.franka.pnp.cartesian import SimCartesianRobot
 from dreamzero_client.franka.pnp.loop import PNP_CAMERAS, PnpEpisodeRunner, pnp_loop_config
 from dreamzero_client.franka.pnp.observation import STATE_DIM, WIRE_IMAGE, WIRE_STATE, WIRE_WRIST
-from dreamzero_client.franka.pnp.policy import PnpHttpLink, PnpOpenPILink, PnpPolicy, PnpQuery
+from dreamzero_client.franka.pnp.policy import PnpHttpLink, PnpOpenPILink, PnpPolicy, PnpQuery, frame_offsets
 from dreamzero_client.franka.pnp.safety import PnpSafetyFilter
 from dreamzero_client.franka.policy import DroidPolicy, connect_policy
 from dreamzero_client.franka.sim_backends import SimGripper, SyntheticCamera
@@ -78,9 +78,14 @@ def test_episodes_reset_the_session_and_follow_the_chunks_inside_the_box():
     assert [q.session_id for q in link.queries] == [first, first, second, second]  # 24 steps = 2 x 12 rows
     assert [q.first_call for q in link.queries] == [True, False, True, False]
     # each query is one step: two 128x128 views and the 19-number state, relative to the reset pose (zero at start)
-    q0 = link.queries[0].observation
+    # a session's first query: one step (two 128x128 views, the 19-number state relative to the reset pose, zero at
+    # the start); later ones: 4-frame blocks of the steps 9, 6, 3 and 0 back (12 executed rows), the newest state
+    q0, q1 = link.queries[0].observation, link.queries[1].observation
     assert q0[WIRE_IMAGE].shape == q0[WIRE_WRIST].shape == (128, 128, 3) and q0[WIRE_STATE].shape == (STATE_DIM,)
     np.testing.assert_allclose(q0[WIRE_STATE][4:10], 0.0, atol=2e-3)
+    assert q1[WIRE_IMAGE].shape == q1[WIRE_WRIST].shape == (4, 128, 128, 3) and q1[WIRE_STATE].shape == (STATE_DIM,)
+    assert runner.policy.frame_offsets == (-9, -6, -3, 0)
+    assert len({frame.tobytes() for frame in q1[WIRE_IMAGE]}) == 4  # four different steps (the pattern moves)
     # the arm moved, every pose command stayed in the box, and the gripper followed the +-1 rule (odd calls close)
     xyz = np.array([p[:3, 3] for p in robot.pose_commands])
     assert len(xyz) > 40 and np.ptp(xyz[:, 0]) > 0.02
@@ -166,6 +171,10 @@ def test_wire_messages_of_both_links():
     assert msg[WIRE_STATE].shape == (19,) and msg["prompt"] == "pick"
     raw = PnpHttpLink(client=object()).raw_observation(query)
     assert raw["video.image"].shape == (1, 1, 128, 128, 3) and raw["state.state"].shape == (1, 19)
+    block = {**obs, WIRE_IMAGE: np.zeros((4, 128, 128, 3), np.uint8), WIRE_WRIST: np.zeros((4, 128, 128, 3), np.uint8)}
+    raw = PnpHttpLink(client=object()).raw_observation(PnpQuery("s1", "pick", block, first_call=False))
+    assert raw["video.wrist_image"].shape == (1, 4, 128, 128, 3)
+    assert frame_offsets(12) == (-9, -6, -3, 0) and frame_offsets(8) == (-6, -4, -2, 0)
     with pytest.raises(Exception, match="observation/state"):
         PnpPolicy(PnpLink(), "x").request({**obs, WIRE_STATE: np.zeros(8)})
 

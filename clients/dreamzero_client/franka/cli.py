@@ -120,7 +120,9 @@ class DeployArgs:
         pnp_loop = loops.get("franka_pnp")
         pnp_safety = None
         if pnp_loop is not None:
-            pnp_safety = PnpSafetyConfig(joint_margin_rad=ns.joint_margin, control_hz=pnp_loop.control_hz)
+            pnp_safety = PnpSafetyConfig(
+                joint_margin_rad=ns.joint_margin, control_hz=pnp_loop.control_hz, max_abs_action=ns.max_abs_action
+            )
         return cls(
             server=ns.server,
             prompt=ns.prompt,
@@ -219,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-step", type=float, default=0.2, help="largest joint change per control step (rad)")
     g.add_argument("--workspace", default=None,
                    help="oxe_droid: TCP box xmin,ymin,zmin,xmax,ymax,zmax (m, base frame)")  # fmt: skip
+    g.add_argument("--max-abs-action", type=float, default=1.5,
+                   help="franka_pnp: reject chunks with a value beyond this (rows are clipped to [-1, 1])")  # fmt: skip
     add_task_pose_args(p, required=False)
     p.add_argument("-v", "--verbose", action="store_true")
     return p

@@ -27,7 +27,7 @@ from dreamzero_client.franka.loop import CommandGate, EpisodeResult, EpisodeRunn
 from dreamzero_client.franka.operator import Operator
 from dreamzero_client.franka.pnp.cartesian import CartesianRobot
 from dreamzero_client.franka.pnp.observation import WIRE_IMAGE, WIRE_WRIST, PnpObservationBuilder
-from dreamzero_client.franka.pnp.policy import PnpPolicy
+from dreamzero_client.franka.pnp.policy import PnpPolicy, frame_offsets
 from dreamzero_client.franka.pnp.reset_move import go_to_pose
 from dreamzero_client.franka.pnp.safety import PnpChunkRejected, PnpSafetyFilter
 from dreamzero_client.franka.safety import Watchdog
@@ -69,6 +69,7 @@ class PnpEpisodeRunner(EpisodeRunner):
                 " each row is one step of that length"
             )
         super().__init__(robot, gripper, cameras, policy, None, config, operator)
+        policy.set_frame_offsets(frame_offsets(config.open_loop_horizon))
         self.filt = safety
         self.builder = builder or PnpObservationBuilder()
         self.joint_reset = joint_reset
@@ -99,13 +100,17 @@ class PnpEpisodeRunner(EpisodeRunner):
             frames = {name: self.cameras[name].observe() for name in PNP_CAMERAS}
             obs = self.builder.build(frames["exterior"], frames["wrist"], tcp, closure, self.policy.prompt)
             record: dict = {"step": step, "t": tick_start, "queried": False, "state": obs["observation/state"]}
+            observed = False  # each tick's frame enters the policy's history exactly once
 
             # 1. a new chunk when the executed part of the current one is used up; it must pass the chunk check
             if rows is None or executed >= cfg.open_loop_horizon:
                 try:
                     if self._pending is not None:
+                        self.policy.observe(obs)
+                        observed = True
                         chunk, row = self._take_prefetched(gate), cfg.prefetch_lead_steps
                     else:
+                        observed = True  # infer records the frame before it can fail
                         chunk, row = self.policy.infer(obs), 0
                     result.server_calls += 1
                     result.latencies_ms.append(chunk.latency_ms)
@@ -137,6 +142,9 @@ class PnpEpisodeRunner(EpisodeRunner):
             # 2. prefetch from this tick's observation; the new chunk's row 0 is this tick's action
             if cfg.prefetch and self._pending is None and executed == cfg.open_loop_horizon - cfg.prefetch_lead_steps:
                 self._pending = self._executor.submit(self.policy.send, self.policy.request(obs))
+                observed = True
+            if not observed:
+                self.policy.observe(obs)
 
             # 3. the safety filter from the measured pose, then the command (a TCP pose, or hold)
             action = rows[row]

@@ -6,16 +6,20 @@
     policy.close()
 
 Session id, continuity fields (the last reply's step / incarnation go back with the next query) and the failure
-classification are `DroidPolicy`'s. What differs: a query carries one observation (the two views of this control
-step and the 19-number state, as RLinf's real-world env hands its DreamZero policy one step at a time), not a frame
-history, and a chunk has 7 columns. The links send it in the server's generic raw form: on OpenPI the embodiment's
-wire keys (`observation/image`, `observation/wrist_image`, `observation/state`), over HTTP the raw keys
-(`video.image`, `video.wrist_image`, `state.state`).
+classification are `DroidPolicy`'s, and so is the frame rule: the policy keeps one observation per control step
+(`observe` on the steps without a query), a session's first query sends 1 frame of each view and every later one
+4, since the server continues a session only on a 4-frame block (a 1-frame input restarts it, `single_frame`). The
+block spans the rows executed since the last query: for 12 rows the frames 9, 6, 3 and 0 steps back
+(`frame_offsets`), so no frame is sent twice. The state is the newest step's 19 numbers; a chunk has 7 columns.
+The links send it in the server's generic raw form: on OpenPI the embodiment's wire keys (`observation/image`,
+`observation/wrist_image` as [H, W, 3] or [T, H, W, 3], `observation/state`), over HTTP the raw keys (`video.image`,
+`video.wrist_image` [1, T, H, W, 3], `state.state` [1, 19]).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,13 +34,20 @@ from dreamzero_client.policy import Chunk, DroidPolicy, as_call_error, validate_
 RAW_KEYS = {WIRE_IMAGE: "video.image", WIRE_WRIST: "video.wrist_image", WIRE_STATE: "state.state"}
 
 
+def frame_offsets(executed_rows: int) -> tuple[int, ...]:
+    """The 4 steps (relative to the current one) of a continuing query's frames, evenly over the executed rows."""
+    if executed_rows < 4:
+        raise ValueError(f"executed_rows must be >= 4 (one frame per 4-frame block slot), got {executed_rows}")
+    return tuple(-((executed_rows * (3 - i)) // 4) for i in range(4))
+
+
 @dataclass(frozen=True)
 class PnpQuery:
-    """One franka_pnp query: this step's observation and the session's continuity fields."""
+    """One franka_pnp query: the frames to send, the newest state, and the session's continuity fields."""
 
     session_id: str
     prompt: str
-    observation: dict  # WIRE_IMAGE / WIRE_WRIST uint8 (H, W, 3), WIRE_STATE float32 (19,)
+    observation: dict  # WIRE_IMAGE / WIRE_WRIST uint8 (H, W, 3) or (T, H, W, 3), WIRE_STATE float32 (19,)
     first_call: bool
     expected_step: int | None = None
     expected_incarnation: str | None = None
@@ -78,9 +89,10 @@ class PnpHttpLink(HttpLink):
 
     def raw_observation(self, query: PnpQuery) -> dict:
         obs = query.observation
+        frames = lambda img: img[None, None] if img.ndim == 3 else img[None]  # noqa: E731 -> [1, T, H, W, 3]
         return {
-            RAW_KEYS[WIRE_IMAGE]: obs[WIRE_IMAGE][None, None],
-            RAW_KEYS[WIRE_WRIST]: obs[WIRE_WRIST][None, None],
+            RAW_KEYS[WIRE_IMAGE]: frames(obs[WIRE_IMAGE]),
+            RAW_KEYS[WIRE_WRIST]: frames(obs[WIRE_WRIST]),
             RAW_KEYS[WIRE_STATE]: obs[WIRE_STATE][None],
         }
 
@@ -104,11 +116,32 @@ class PnpPolicy(DroidPolicy):
 
     action_dim = ACTION_DIM
 
-    def __init__(self, link, prompt: str | None = None, min_rows: int = 1, session_prefix: str = "franka-pnp"):
+    def __init__(
+        self,
+        link,
+        prompt: str | None = None,
+        min_rows: int = 1,
+        session_prefix: str = "franka-pnp",
+        offsets: tuple[int, ...] = frame_offsets(12),
+    ):
+        self.set_frame_offsets(offsets)
         super().__init__(link, prompt=prompt, min_rows=min_rows, session_prefix=session_prefix)
 
+    def set_frame_offsets(self, offsets: tuple[int, ...]) -> None:
+        if len(offsets) != 4 or offsets[-1] != 0 or list(offsets) != sorted(set(offsets)):
+            raise ValueError(f"frame offsets must be 4 increasing steps ending at 0, got {offsets}")
+        self.frame_offsets = tuple(offsets)
+        self._frames: deque[dict] = deque(maxlen=1 - offsets[0])
+
+    def _new_session(self) -> None:
+        super()._new_session()
+        self._frames.clear()
+
     def observe(self, obs: dict) -> None:
-        """Nothing to record: a franka_pnp query carries only its own step (kept for the loop's common interface)."""
+        """Record a control step that does not query (a later query's 4-frame block needs it)."""
+        arrays = check_observation(obs)
+        with self._lock:
+            self._frames.append(arrays)
 
     def request(self, obs: dict) -> PnpQuery:
         prompt = obs.get("prompt", self.prompt) if isinstance(obs, dict) else self.prompt
@@ -116,9 +149,17 @@ class PnpPolicy(DroidPolicy):
             raise InvalidObservation("prompt: expected a non-empty instruction", field="prompt")
         arrays = check_observation(obs)
         with self._lock:
+            self._frames.append(arrays)
             first = self.calls == 0
             self.calls += 1
-            return PnpQuery(self.session_id, prompt, arrays, first, self._last_step, self._last_incarnation)
+            if first:
+                message = arrays
+            else:
+                last = len(self._frames) - 1
+                picked = [self._frames[max(0, last + off)] for off in self.frame_offsets]
+                message = {key: np.stack([f[key] for f in picked]) for key in (WIRE_IMAGE, WIRE_WRIST)}
+                message[WIRE_STATE] = arrays[WIRE_STATE]
+            return PnpQuery(self.session_id, prompt, message, first, self._last_step, self._last_incarnation)
 
     def send(self, query: PnpQuery) -> Chunk:
         start = time.perf_counter()
