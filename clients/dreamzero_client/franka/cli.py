@@ -121,7 +121,10 @@ class DeployArgs:
         pnp_safety = None
         if pnp_loop is not None:
             pnp_safety = PnpSafetyConfig(
-                joint_margin_rad=ns.joint_margin, control_hz=pnp_loop.control_hz, max_abs_action=ns.max_abs_action
+                joint_margin_rad=ns.joint_margin,
+                control_hz=pnp_loop.control_hz,
+                max_abs_action=ns.max_abs_action,
+                max_preview_outside_m=ns.max_jump_m,
             )
         return cls(
             server=ns.server,
@@ -223,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="oxe_droid: TCP box xmin,ymin,zmin,xmax,ymax,zmax (m, base frame)")  # fmt: skip
     g.add_argument("--max-abs-action", type=float, default=1.5,
                    help="franka_pnp: reject chunks with a value beyond this (rows are clipped to [-1, 1])")  # fmt: skip
+    g.add_argument("--max-jump-m", type=float, default=0.10,
+                   help="franka_pnp: reject chunks whose executed rows leave the box by more than this")  # fmt: skip
     add_task_pose_args(p, required=False)
     p.add_argument("-v", "--verbose", action="store_true")
     return p

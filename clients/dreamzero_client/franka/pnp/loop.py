@@ -117,7 +117,7 @@ class PnpEpisodeRunner(EpisodeRunner):
                     record.update(queried=True, latency_ms=chunk.latency_ms, server=chunk.session)
                     if chunk.restarted:
                         record["session_restarted"] = chunk.restarted
-                    rows = self.filt.check_chunk(chunk.actions, self.robot.observe_tcp())
+                    rows = self.filt.check_chunk(chunk.actions, self.robot.observe_tcp(), cfg.min_chunk_rows)
                     executed, rejected_in_a_row = 0, 0
                 except (ChunkRejected, PnpChunkRejected) as exc:
                     if isinstance(exc, ChunkRejected):  # the reply itself was unusable (counted above otherwise)
