@@ -251,3 +251,14 @@ def test_franka_pnp_flags_are_checked_before_anything_connects(argv, message, ca
     ]
     assert main(base + argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_server_side_franka_pnp_embodiment_matches_the_client():
+    """The shipped statistics have RLinf's widths, and the handshake names the embodiment the client looks for."""
+    from dreamzero.embodiments import get_embodiment
+
+    emb = get_embodiment("franka_pnp")
+    assert emb.state_dim == STATE_DIM and emb.action_dim == 7
+    handshake = emb.openpi_server_config()
+    assert handshake["embodiment"] == "franka_pnp" and handshake["action_space"] == "eef_delta"
+    assert "embodiment" not in get_embodiment("libero_sim").openpi_server_config()
