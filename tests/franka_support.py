@@ -1,8 +1,9 @@
 """Fakes for the Franka client tests: a scripted in-process link and a small OpenPI WebSocket server.
 
 The WebSocket server speaks the OpenPI wire format (msgpack with the `__ndarray__` marker, metadata frame on connect,
-`{"endpoint": "reset"}`) and answers DROID-shaped (24, 8) chunks near the pose it is sent. It records every reset
-and every session id it sees, so tests can check session handling from the server's side.
+`{"endpoint": "reset"}`) and answers DROID-shaped (24, 8) chunks near the pose it is sent (as a franka_pnp server:
+(24, 7) rows of `pnp_chunk`). It records every reset and every session id it sees, so tests can check session
+handling from the server's side.
 """
 
 from __future__ import annotations
@@ -21,6 +22,18 @@ DROID_METADATA = {
     "needs_stereo_camera": False,
     "needs_session_id": True,
     "action_space": "joint_position",
+}
+#: what a franka_pnp DreamZero server sends on connect (its embodiment's `openpi_server_config`)
+PNP_METADATA = {
+    "image_resolution": [256, 256],
+    "n_external_cameras": 1,
+    "needs_wrist_camera": True,
+    "needs_stereo_camera": False,
+    "needs_session_id": True,
+    "action_space": "eef_delta",
+    "action_horizon": 24,
+    "action_dim": 7,
+    "embodiment": "franka_pnp",
 }
 
 
@@ -60,6 +73,16 @@ def chunk_near(joints: np.ndarray, call_index: int, horizon: int = 24, amplitude
     chunk[:, 6] += amplitude * np.cos(2 * np.pi * t + call_index)
     gripper = np.full((horizon, 1), 0.9 if call_index % 2 else 0.1, np.float32)
     return np.concatenate([chunk, gripper], axis=1).astype(np.float32)
+
+
+def pnp_chunk(call_index: int, horizon: int = 24, amplitude: float = 0.3) -> np.ndarray:
+    """(horizon, 7) franka_pnp rows: a slow circle in x / y (TCP frame), a small yaw; the gripper (+1 open) closes
+    on odd calls."""
+    t = 2 * np.pi * (np.arange(horizon) / horizon + 0.25 * call_index)
+    chunk = np.zeros((horizon, 7), np.float32)
+    chunk[:, 0], chunk[:, 1], chunk[:, 5] = amplitude * np.cos(t), amplitude * np.sin(t), 0.2 * np.sin(t)
+    chunk[:, 6] = -1.0 if call_index % 2 else 1.0
+    return chunk
 
 
 # 3. in-process scripted link -------------------------------------------------------------------------------------
@@ -109,9 +132,10 @@ class ScriptedTransport:
 class FakeOpenPIServer:
     """Serves on 127.0.0.1:<free port> from a thread. `events` holds ("reset" | "infer", session_id) tuples."""
 
-    def __init__(self, latency_s: float = 0.0, kill_after_infers: int | None = None):
+    def __init__(self, latency_s: float = 0.0, kill_after_infers: int | None = None, embodiment: str = "oxe_droid"):
         from websockets.sync.server import serve
 
+        self.embodiment = embodiment  # "oxe_droid" (DROID chunks) | "franka_pnp" (pnp_chunk) | "eef_delta" (no tag)
         self.latency_s = latency_s
         self.kill_after_infers = kill_after_infers  # die (without answering) on this infer request
         self.events: list[tuple] = []
@@ -135,7 +159,11 @@ class FakeOpenPIServer:
         if self.killed.is_set():
             ws.close()
             return
-        ws.send(packb(DROID_METADATA))
+        if self.embodiment == "oxe_droid":
+            ws.send(packb(DROID_METADATA))
+        else:  # "eef_delta": a LIBERO-like handshake that names no embodiment
+            meta = PNP_METADATA if self.embodiment == "franka_pnp" else {**PNP_METADATA, "embodiment": None}
+            ws.send(packb({k: v for k, v in meta.items() if v is not None}))
         calls = 0
         try:
             for message in ws:
@@ -148,16 +176,24 @@ class FakeOpenPIServer:
                     ws.send(packb({"status": "reset successful"}))
                     continue
                 session_id = request.get("session_id", "default")
-                joints = np.asarray(request["observation/joint_position"], np.float32)
-                for key in ("exterior_image_0_left", "exterior_image_1_left", "wrist_image_left"):
-                    image = request[f"observation/{key}"]  # one frame, or a 4-frame stack after the first query
-                    assert image.shape[-3:] == (180, 320, 3) and image.dtype == np.uint8, (key, image.shape)
+                if self.embodiment == "oxe_droid":
+                    joints = np.asarray(request["observation/joint_position"], np.float32)
+                    for key in ("exterior_image_0_left", "exterior_image_1_left", "wrist_image_left"):
+                        image = request[f"observation/{key}"]  # one frame, or a 4-frame stack after the first query
+                        assert image.shape[-3:] == (180, 320, 3) and image.dtype == np.uint8, (key, image.shape)
+                else:
+                    block = () if session_id not in self.sessions() else (4,)  # 1 frame, then 4-frame blocks
+                    for key in ("observation/image", "observation/wrist_image"):
+                        assert request[key].shape[-3:] == (128, 128, 3) and request[key].dtype == np.uint8, key
+                        assert request[key].shape[:-3] == block, (key, request[key].shape)
+                    assert np.asarray(request["observation/state"]).shape == (19,)
                 self._record("infer", session_id)
                 if self.kill_after_infers is not None and self.infers() >= self.kill_after_infers:
                     threading.Thread(target=self.kill, daemon=True).start()  # shutdown() waits for this handler
                     return
                 time.sleep(self.latency_s)
-                ws.send(packb({"actions": chunk_near(joints, calls)}))
+                chunk = chunk_near(joints, calls) if self.embodiment == "oxe_droid" else pnp_chunk(calls)
+                ws.send(packb({"actions": chunk}))
                 calls += 1
         except ConnectionClosed:
             pass

@@ -33,6 +33,10 @@ pytestmark = [
 ]
 
 START_TIMEOUT_S = 60.0
+#: franky-sim steps its physics once per loop pass and sleeps to a 1 ms tick but never catches up, so on a loaded
+#: machine its clock runs slower than the wall clock and a gripper motion (0.8 s for a full stroke, then 100 settled
+#: ticks) can take several times as long: the episode-start open gets a bound for that, not the hardware's 5 s
+SIM_GRIPPER_TIMEOUT_S = 30.0
 
 
 def _wait_for_port(host: str, port: int, deadline: float) -> None:
@@ -134,6 +138,8 @@ def test_two_episodes_through_the_cli_with_a_session_reset_between(franky_sim, t
                 "--no-video",
                 "--timeout-s",
                 "20",
+                "--gripper-timeout-s",
+                str(SIM_GRIPPER_TIMEOUT_S),
             ]  # fmt: skip
         )
     assert code == 0, capsys.readouterr()
@@ -179,7 +185,8 @@ def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
                 cam.connect()
             runner = EpisodeRunner(
                 robot, gripper, cameras, DroidPolicy(link, "stack the blocks", session_prefix="franka"),
-                config=LoopConfig(max_steps=60, log_dir=str(tmp_path), record_video=False),
+                config=LoopConfig(max_steps=60, log_dir=str(tmp_path), record_video=False,
+                                  gripper_timeout_s=SIM_GRIPPER_TIMEOUT_S),
             )  # fmt: skip
             result = runner.run_episode(0)
             assert result.status == "failed"
@@ -287,7 +294,8 @@ def test_two_episodes_against_the_live_server(franky_sim, live_server, tmp_path)
                 cam.connect()
             runner = EpisodeRunner(
                 robot, gripper, cameras, DroidPolicy(link, "put the cube in the bowl", session_prefix="franka"),
-                config=LoopConfig(max_steps=16, log_dir=str(tmp_path), record_video=False, chunk_wait_s=120.0),
+                config=LoopConfig(max_steps=16, log_dir=str(tmp_path), record_video=False, chunk_wait_s=120.0,
+                                  gripper_timeout_s=SIM_GRIPPER_TIMEOUT_S),
             )  # fmt: skip
             results = runner.run(episodes=2)
     finally:

@@ -62,6 +62,7 @@ def _fake_franky(calls: list, fail_move: list):
     class Gripper:
         in_flight = 0
         max_overlap = 0
+        duration_s = 0.05  # a command takes a while
 
         def __init__(self, host):
             self.max_width, self.width = 0.08, 0.08
@@ -72,7 +73,7 @@ def _fake_franky(calls: list, fail_move: list):
                 Gripper.in_flight += 1
                 Gripper.max_overlap = max(Gripper.max_overlap, Gripper.in_flight)
             calls.append(("gripper", name))
-            time.sleep(0.05)  # a command takes a while
+            time.sleep(Gripper.duration_s)
             self.width = width
             with self._lock:
                 Gripper.in_flight -= 1
@@ -157,3 +158,46 @@ def test_unreachable_robot_is_a_device_error(fake, monkeypatch):
     monkeypatch.setattr(fake.module, "Robot", refuse)
     with pytest.raises(DeviceError, match="cannot connect to the robot at 10.0.0.9"):
         FrankyRobot(FrankyConfig("10.0.0.9")).connect()
+
+
+def test_open_waits_for_a_running_grasp_then_bounds_the_open_itself(fake):
+    """The open's bound starts when the open starts: a grasp still running (the last one of an episode) first gets
+    its own bound, so a slow gripper (or a simulator behind the wall clock) does not fail the open that follows."""
+    gripper = FrankyGripper(FrankyConfig("10.0.0.2"))
+    with gripper:
+        fake.module.Gripper.duration_s = 0.3
+        gripper.send(True)  # a grasp starts...
+        deadline = time.monotonic() + 2
+        while not gripper._busy and time.monotonic() < deadline:
+            time.sleep(0.001)
+        start = time.monotonic()
+        gripper.open(timeout_s=0.45)  # 0.3 s of grasp + 0.3 s of open: more than one bound, each part within it
+        assert time.monotonic() - start > 0.45 and gripper.observe() == pytest.approx(0.0)
+        gripper.send(True)
+        while not gripper._busy and time.monotonic() < deadline + 2:
+            time.sleep(0.001)
+        with pytest.raises(DeviceError, match="did not finish its previous command within 0.1 s"):
+            gripper.open(timeout_s=0.1)
+    commands = [c[1] for c in fake.calls if c[0] == "gripper"]
+    assert commands[:3] == ["grasp", "move", "grasp"]
+
+
+def test_cartesian_robot_reads_the_external_wrench_and_streams_pose_commands(fake):
+    from dreamzero_client.franka.franky_backend import FrankyCartesianRobot
+    from dreamzero_client.franka.pnp.arm_model import tcp_pose
+
+    robot = FrankyCartesianRobot(FrankyConfig("10.0.0.2", realtime=False))
+    with robot:
+        wrench = [1.0, -2.0, 3.0, 0.1, 0.2, -0.3]
+        robot._robot.state = types.SimpleNamespace(K_F_ext_hat_K=wrench)
+        tcp = robot.observe_tcp()
+        np.testing.assert_allclose(tcp.wrench, wrench)
+        np.testing.assert_allclose(tcp.pose, tcp_pose(DROID_HOME))
+        np.testing.assert_allclose(tcp.twist, 0.0)
+        robot.send_pose(tcp_pose(DROID_HOME + 0.01), DROID_HOME + 0.01)  # the filter's joint solution is streamed
+        kind, target, _, _ = fake.calls[-1][1]
+        assert kind == "joint"
+        np.testing.assert_allclose(target[1], DROID_HOME + 0.01)
+        robot._robot.state = types.SimpleNamespace(K_F_ext_hat_K=[np.nan] * 6)
+        with pytest.raises(RobotFault, match="external wrench"):
+            robot.observe_tcp()

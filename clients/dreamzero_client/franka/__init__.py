@@ -1,4 +1,5 @@
-"""Franka deployment client: contracts, backends (franky, RealSense, simulated), safety layer, 15 Hz loop, CLI.
+"""Franka deployment client: contracts, backends (franky, RealSense, simulated), safety layer, episode loop, CLI,
+for the oxe_droid embodiment (joint positions, 15 Hz) and franka_pnp (`franka.pnp`: Cartesian deltas, 10 Hz).
 
 Hardware libraries (franky-control, pyrealsense2) are imported only when a device connects; importing this package
 needs numpy, msgpack and websockets/httpx only. See docs/franka.md.
@@ -6,7 +7,15 @@ needs numpy, msgpack and websockets/httpx only. See docs/franka.md.
 
 from dreamzero_client.franka.contracts import ArmState, Camera, DeviceError, Gripper, Robot, RobotFault
 from dreamzero_client.franka.loop import EpisodeResult, EpisodeRunner, LoopConfig
-from dreamzero_client.franka.policy import Chunk, ChunkRejected, DroidPolicy, PolicyCallError, connect_policy
+from dreamzero_client.franka.policy import (
+    Chunk,
+    ChunkRejected,
+    DroidPolicy,
+    PnpPolicy,
+    PolicyCallError,
+    advertised_embodiment,
+    connect_policy,
+)
 from dreamzero_client.franka.safety import SafetyConfig, SafetyFilter, Watchdog
 
 __all__ = [
@@ -20,11 +29,13 @@ __all__ = [
     "EpisodeRunner",
     "Gripper",
     "LoopConfig",
+    "PnpPolicy",
     "PolicyCallError",
     "Robot",
     "RobotFault",
     "SafetyConfig",
     "SafetyFilter",
     "Watchdog",
+    "advertised_embodiment",
     "connect_policy",
 ]

@@ -4,6 +4,11 @@
         --exterior-0 123456789 --exterior-1 234567891 --wrist 345678912 \\
         --prompt "put the marker in the cup" --episodes 10 --log-dir runs/franka
 
+    # a franka_pnp server (RLinf's pick-and-place): two cameras, the task's measured target pose
+    dreamzero-franka --server ws://gpu-box:8000 --robot-ip 172.16.0.2 --exterior-0 123456789 --wrist 345678912 \\
+        --target-ee-pose 0.5 0.0 0.12 3.1416 0 0 --prompt "put the red block in the bin"
+
+The embodiment (oxe_droid / franka_pnp) is the server's (its handshake or metadata) unless --embodiment names it.
 Exit status: 0 when no episode failed, 1 when one did, 2 for a usage / configuration / connection error.
 """
 
@@ -21,12 +26,20 @@ from dreamzero_client import droid
 from dreamzero_client.errors import ClientError, ConfigError, DreamZeroError
 from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
 from dreamzero_client.franka.operator import ConsoleOperator, Operator
-from dreamzero_client.franka.policy import connect_policy
+from dreamzero_client.franka.pnp.loop import PNP_CAMERAS, PnpEpisodeRunner
+from dreamzero_client.franka.pnp.policy import PnpPolicy
+from dreamzero_client.franka.pnp.safety import PnpSafetyConfig, PnpSafetyFilter
+from dreamzero_client.franka.pnp.task_poses import TaskPoses, add_task_pose_args, task_poses_from_args
+from dreamzero_client.franka.policy import EMBODIMENTS, connect_policy
 from dreamzero_client.franka.safety import SafetyConfig, SafetyFilter
 
 logger = logging.getLogger("dreamzero.franka")
 #: --exterior-0 / --exterior-1 / --wrist name the serials of the DROID cameras, in this order
 CAMERA_FLAGS = dict(zip(("exterior_0", "exterior_1", "wrist"), droid.CAMERAS))
+#: franka_pnp's two cameras: --exterior-0 is RLinf's first serial (the fixed exterior view), --wrist the second
+PNP_CAMERA_FLAGS = dict(zip(("exterior_0", "wrist"), PNP_CAMERAS))
+#: per-embodiment defaults of the timing flags: (control Hz, open-loop horizon, max steps)
+TIMING_DEFAULTS = {"oxe_droid": (15.0, 8, 450), "franka_pnp": (10.0, 12, 240)}
 
 
 def _floats(text: str, n: int, flag: str) -> tuple[float, ...]:
@@ -65,43 +78,54 @@ class DeployArgs:
     timeout_s: float
     episodes: int
     unattended: bool
-    loop: LoopConfig
+    loop: LoopConfig  # oxe_droid's (also set when the embodiment is only known after the handshake)
     safety: SafetyConfig
+    embodiment: str | None = None  # None: the server's
+    pnp_loop: LoopConfig | None = None
+    pnp_safety: PnpSafetyConfig | None = None
+    task_poses: TaskPoses | None = None  # parsed and validated here, before anything connects
+    joint_reset: bool = True
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> DeployArgs:
         if ns.robot == "franky" and not ns.robot_ip:
             raise ConfigError("--robot-ip is required with --robot franky (the FCI address, e.g. 172.16.0.2)")
+        embodiment = None if ns.embodiment == "auto" else ns.embodiment
+        candidates = EMBODIMENTS if embodiment is None else (embodiment,)
         serials = {camera: getattr(ns, flag) for flag, camera in CAMERA_FLAGS.items()}
+        serials |= {camera: getattr(ns, flag) for flag, camera in PNP_CAMERA_FLAGS.items()}
         if ns.cameras == "realsense":
-            missing = [f"--{flag.replace('_', '-')}" for flag, cam in CAMERA_FLAGS.items() if not serials[cam]]
-            if missing:
-                raise ConfigError(f"--cameras realsense needs a serial number for {', '.join(missing)}")
+            try:  # the server's embodiment is not known yet: at least franka_pnp's two serials are needed
+                check_serials(embodiment or "franka_pnp", serials)
+            except ConfigError:
+                check_serials(embodiment or "oxe_droid", serials)
+                raise
+        task_poses = task_poses_from_args(ns) if ns.target_ee_pose is not None else None
+        if task_poses is None and embodiment == "franka_pnp":
+            task_poses_from_args(ns)  # raises: names the missing flag
         if ns.episodes < 1:
             raise ConfigError(f"--episodes must be >= 1, got {ns.episodes}")
         if ns.timeout_s <= 0:
             raise ConfigError(f"--timeout-s must be positive, got {ns.timeout_s}")
         workspace = _floats(ns.workspace, 6, "--workspace") if ns.workspace else None
+        loops = {tag: _loop_config(ns, tag) for tag in candidates}  # every candidate is checked now
+        loop = loops.get("oxe_droid") or _loop_config(ns, "oxe_droid")
         safety = SafetyConfig(
             joint_margin_rad=ns.joint_margin,
             max_step_rad=ns.max_step,
-            control_hz=ns.control_hz,
+            control_hz=loop.control_hz,
             workspace_min=workspace[:3] if workspace else None,
             workspace_max=workspace[3:] if workspace else None,
         )
-        loop = LoopConfig(
-            control_hz=ns.control_hz,
-            open_loop_horizon=ns.open_loop_horizon,
-            max_steps=ns.max_steps,
-            prefetch=ns.prefetch,
-            prefetch_lead_steps=ns.prefetch_lead_steps,
-            rtc=ns.rtc,
-            rtc_max_delay_steps=ns.rtc_max_delay_steps,
-            watchdog_timeout_s=ns.watchdog_timeout_s,
-            chunk_wait_s=ns.timeout_s,
-            log_dir=ns.log_dir,
-            record_video=not ns.no_video,
-        )
+        pnp_loop = loops.get("franka_pnp")
+        pnp_safety = None
+        if pnp_loop is not None:
+            pnp_safety = PnpSafetyConfig(
+                joint_margin_rad=ns.joint_margin,
+                control_hz=pnp_loop.control_hz,
+                max_abs_action=ns.max_abs_action,
+                max_preview_outside_m=ns.max_jump_m,
+            )
         return cls(
             server=ns.server,
             prompt=ns.prompt,
@@ -119,7 +143,37 @@ class DeployArgs:
             unattended=ns.unattended,
             loop=loop,
             safety=safety,
+            embodiment=embodiment,
+            pnp_loop=pnp_loop,
+            pnp_safety=pnp_safety,
+            task_poses=task_poses,
+            joint_reset=not ns.no_joint_reset,
         )
+
+
+def check_serials(embodiment: str, serials: dict[str, str | None]) -> None:
+    flags = CAMERA_FLAGS if embodiment == "oxe_droid" else PNP_CAMERA_FLAGS
+    missing = [f"--{flag.replace('_', '-')}" for flag, cam in flags.items() if not serials[cam]]
+    if missing:
+        raise ConfigError(f"--cameras realsense needs a serial number for {', '.join(missing)} ({embodiment})")
+
+
+def _loop_config(ns: argparse.Namespace, embodiment: str) -> LoopConfig:
+    hz, horizon, steps = TIMING_DEFAULTS[embodiment]
+    return LoopConfig(
+        control_hz=ns.control_hz if ns.control_hz is not None else hz,
+        open_loop_horizon=ns.open_loop_horizon if ns.open_loop_horizon is not None else horizon,
+        max_steps=ns.max_steps if ns.max_steps is not None else steps,
+        prefetch=ns.prefetch,
+        prefetch_lead_steps=ns.prefetch_lead_steps,
+        rtc=ns.rtc,
+        rtc_max_delay_steps=ns.rtc_max_delay_steps,
+        watchdog_timeout_s=ns.watchdog_timeout_s,
+        chunk_wait_s=ns.timeout_s,
+        gripper_timeout_s=ns.gripper_timeout_s,
+        log_dir=ns.log_dir,
+        record_video=not ns.no_video,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,6 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--api-key", default=None, help="API key, if the server requires one")
     g.add_argument("--timeout-s", type=float, default=30.0, help="per-call timeout; longer silence = server lost")
     g.add_argument("--prompt", required=True, help="the task instruction sent with every observation")
+    g.add_argument("--embodiment", choices=("auto", *EMBODIMENTS), default="auto",
+                   help="auto: the one the server advertises (handshake / metadata)")  # fmt: skip
 
     g = p.add_argument_group("robot")
     g.add_argument("--robot", choices=("franky", "sim"), default="franky", help="franky: FR3/Panda; sim: kinematic")
@@ -140,17 +196,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("cameras")
     g.add_argument("--cameras", choices=("realsense", "synthetic"), default="realsense")
-    g.add_argument("--exterior-0", default=None, help="serial of the first exterior camera (left of the scene)")
-    g.add_argument("--exterior-1", default=None, help="serial of the second exterior camera")
-    g.add_argument("--wrist", default=None, help="serial of the wrist camera")
+    g.add_argument("--exterior-0", default=None,
+                   help="serial of the first exterior camera (left; franka_pnp: its fixed camera)")  # fmt: skip
+    g.add_argument("--exterior-1", default=None, help="serial of the second exterior camera (oxe_droid only)")
+    g.add_argument("--wrist", default=None, help="serial of the wrist camera (franka_pnp: its second camera)")
     g.add_argument("--camera-size", default="480x640", help="colour stream size HxW")
     g.add_argument("--camera-fps", type=int, default=30)
 
     g = p.add_argument_group("episodes")
     g.add_argument("--episodes", type=int, default=1)
-    g.add_argument("--max-steps", type=int, default=450, help="steps per episode (450 = 30 s at 15 Hz)")
-    g.add_argument("--control-hz", type=float, default=15.0)
-    g.add_argument("--open-loop-horizon", type=int, default=8, help="chunk rows executed before the next query")
+    g.add_argument("--max-steps", type=int, default=None, help="per episode (default 450 oxe_droid, 240 franka_pnp)")
+    g.add_argument("--control-hz", type=float, default=None, help="default 15 (oxe_droid), 10 (franka_pnp)")
+    g.add_argument("--open-loop-horizon", type=int, default=None,
+                   help="chunk rows executed before the next query (default 8 oxe_droid, 12 franka_pnp)")  # fmt: skip
     g.add_argument("--prefetch", action="store_true", help="query the next chunk while executing the current one")
     g.add_argument("--prefetch-lead-steps", type=int, default=2)
     g.add_argument(
@@ -163,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--watchdog-timeout-s", type=float, default=0.5, help="hold the arm after this long without a command"
     )
+    g.add_argument("--gripper-timeout-s", type=float, default=5.0, help="bound of the gripper's open at episode start")
+    g.add_argument("--no-joint-reset", action="store_true",
+                   help="franka_pnp: skip the joint home before each episode's Cartesian reset move")  # fmt: skip
     g.add_argument("--log-dir", default="runs/franka", help="per-episode logs and videos; '' to disable")
     g.add_argument("--no-video", action="store_true")
     g.add_argument("--unattended", action="store_true", help="no operator prompts: start every episode, no labels")
@@ -170,50 +231,80 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("safety")
     g.add_argument("--joint-margin", type=float, default=0.1, help="rad kept inside the joint limits")
     g.add_argument("--max-step", type=float, default=0.2, help="largest joint change per control step (rad)")
-    g.add_argument("--workspace", default=None, help="TCP box xmin,ymin,zmin,xmax,ymax,zmax (m, base frame)")
+    g.add_argument("--workspace", default=None,
+                   help="oxe_droid: TCP box xmin,ymin,zmin,xmax,ymax,zmax (m, base frame)")  # fmt: skip
+    g.add_argument("--max-abs-action", type=float, default=1.5,
+                   help="franka_pnp: reject chunks with a value beyond this (rows are clipped to [-1, 1])")  # fmt: skip
+    g.add_argument("--max-jump-m", type=float, default=0.10,
+                   help="franka_pnp: reject chunks whose executed rows leave the box by more than this")  # fmt: skip
+    add_task_pose_args(p, required=False)
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
 
-def _devices(args: DeployArgs):
+def _devices(args: DeployArgs, embodiment: str):
+    pnp = embodiment == "franka_pnp"
     if args.robot == "franky":
-        from dreamzero_client.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
+        from dreamzero_client.franka.franky_backend import (
+            FrankyCartesianRobot,
+            FrankyConfig,
+            FrankyGripper,
+            FrankyRobot,
+        )
 
         cfg = FrankyConfig(host=args.robot_ip, realtime=args.realtime, dynamics=args.dynamics)
-        robot, gripper = FrankyRobot(cfg), FrankyGripper(cfg)
+        robot, gripper = (FrankyCartesianRobot if pnp else FrankyRobot)(cfg), FrankyGripper(cfg)
     else:
+        from dreamzero_client.franka.pnp.cartesian import SimCartesianRobot
         from dreamzero_client.franka.sim_backends import SimGripper, SimRobot
 
-        robot, gripper = SimRobot(), SimGripper()
+        robot = SimCartesianRobot(initial=args.task_poses.home_joints) if pnp else SimRobot()
+        gripper = SimGripper()
+    names = PNP_CAMERAS if pnp else droid.CAMERAS
     if args.cameras == "realsense":
         from dreamzero_client.franka.realsense import RealSenseCamera
 
         h, w = args.camera_size
         cameras = {
-            name: RealSenseCamera(name, args.serials[name], width=w, height=h, fps=args.camera_fps)
-            for name in droid.CAMERAS
+            name: RealSenseCamera(name, args.serials[name], width=w, height=h, fps=args.camera_fps) for name in names
         }
     else:
         from dreamzero_client.franka.sim_backends import SyntheticCamera
 
-        cameras = {name: SyntheticCamera(name) for name in droid.CAMERAS}
+        cameras = {name: SyntheticCamera(name) for name in names}
     return robot, gripper, cameras
 
 
 def run(args: DeployArgs, operator: Operator | None = None) -> list:
     """Connect everything, run the episodes, disconnect (the arm holds on every way out)."""
-    robot, gripper, cameras = _devices(args)
-    operator = operator or (Operator() if args.unattended else ConsoleOperator())
     with ExitStack() as stack:
-        policy = connect_policy(args.server, args.prompt, api_key=args.api_key, timeout_s=args.timeout_s)
+        # the server first: it decides the embodiment, and a wrong URL or server fails before any device connects
+        policy = connect_policy(
+            args.server, args.prompt, api_key=args.api_key, timeout_s=args.timeout_s, embodiment=args.embodiment
+        )
         stack.callback(policy.close)
+        embodiment = "franka_pnp" if isinstance(policy, PnpPolicy) else "oxe_droid"
+        logger.info("embodiment: %s", embodiment)
+        loop = args.pnp_loop if embodiment == "franka_pnp" else args.loop
+        if embodiment == "franka_pnp" and args.task_poses is None:
+            raise ConfigError("--target-ee-pose is required: the server runs franka_pnp")
+        if args.cameras == "realsense":
+            check_serials(embodiment, args.serials)
+        robot, gripper, cameras = _devices(args, embodiment)
+        operator = operator or (Operator() if args.unattended else ConsoleOperator())
+        stack.callback(operator.close)
         for device in (robot, gripper, *cameras.values()):
             stack.enter_context(device)
-        runner = EpisodeRunner(robot, gripper, cameras, policy, SafetyFilter(args.safety), args.loop, operator)
+        if embodiment == "franka_pnp":
+            safety = PnpSafetyFilter(args.task_poses, config=args.pnp_safety)
+            runner = PnpEpisodeRunner(
+                robot, gripper, cameras, policy, safety, loop, operator, joint_reset=args.joint_reset
+            )
+        else:
+            runner = EpisodeRunner(robot, gripper, cameras, policy, SafetyFilter(args.safety), loop, operator)
         results = runner.run(args.episodes)
-    operator.close()
-    if args.loop.log_dir:
-        path = Path(args.loop.log_dir) / "session_summary.json"
+    if loop.log_dir:
+        path = Path(loop.log_dir) / "session_summary.json"
         path.write_text(json.dumps([r.summary() for r in results], indent=2, default=str) + "\n")
     return results
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from dreamzero_client.errors import ConfigError, MissingDependency
 from dreamzero_client.franka.contracts import NUM_JOINTS, ArmState, DeviceError, Gripper, Robot, RobotFault
+from dreamzero_client.franka.pnp.cartesian import CartesianRobot, franky_external_wrench
 from dreamzero_client.franka.safety import FR3_JOINT_LOWER, FR3_JOINT_UPPER
 
 INSTALL_HINT = "pip install 'dreamzero-serve[franka]'  (or: pip install 'franky-control>=2.0')"
@@ -166,6 +167,20 @@ class FrankyRobot(Robot):
             return bool(self._robot.recover_from_errors())
 
 
+class FrankyCartesianRobot(FrankyRobot, CartesianRobot):
+    """FrankyRobot for franka_pnp: TCP state from the measured joints (forward kinematics, J dq) plus libfranka's
+    external wrench; a pose command streams the safety filter's joint solution through `send` (the same
+    `JointMotion` path and FR3 limit check as DROID)."""
+
+    def external_wrench(self) -> np.ndarray:
+        self._require_connected()
+        with self._lock:
+            try:
+                return franky_external_wrench(self._robot)
+            except self._franky.Exception as exc:
+                raise self._fault("reading the external wrench failed", exc) from exc
+
+
 class FrankyGripper(Gripper):
     """Franka Hand: binary grasp / open, closure = 1 - width / max_width (DROID's position convention).
 
@@ -254,12 +269,18 @@ class FrankyGripper(Gripper):
             self._cond.notify_all()
 
     def open(self, timeout_s: float) -> None:
+        """Blocking full open. `timeout_s` bounds the open itself: a command still running when this is called
+        (the last grasp of an episode) first gets its own `timeout_s` to finish, since commands cannot overlap."""
         self._require_connected()
         self._raise_pending_error()
         with self._cond:
-            self._wanted, self._done = False, None  # always re-run the open, even if the last command was one
-            self._cond.notify_all()
-            finished = self._cond.wait_for(lambda: self._done is False and not self._busy, timeout=timeout_s)
+            idle = self._cond.wait_for(lambda: not self._busy, timeout=timeout_s)
+            if idle:
+                self._wanted, self._done = False, None  # always re-run the open, even if the last command was one
+                self._cond.notify_all()
+                finished = self._cond.wait_for(lambda: self._done is False and not self._busy, timeout=timeout_s)
         self._raise_pending_error()
+        if not idle:
+            raise DeviceError(f"the gripper did not finish its previous command within {timeout_s:.1f} s")
         if not finished:
             raise DeviceError(f"the gripper did not open within {timeout_s:.1f} s")

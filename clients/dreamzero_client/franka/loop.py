@@ -130,10 +130,23 @@ class CommandGate:
         self._held = False
         self.holds = 0
 
-    def send(self, joint_targets: np.ndarray) -> None:
+    def send(self, joint_targets: np.ndarray) -> bool:
+        """Send unless the watchdog held the arm since the loop last asked `was_held()`: that command was filtered
+        against the pre-hold reference, so it is dropped and the next tick starts again from the measured position."""
         with self._lock:
+            if self._held:
+                return False
             self.robot.send(joint_targets)
-            self._held = False
+            return True
+
+    def send_pose(self, pose: np.ndarray, joint_hint: np.ndarray) -> bool:
+        """A TCP pose target (franka_pnp; the robot is a `pnp.cartesian.CartesianRobot`); dropped after a hold, as
+        `send`."""
+        with self._lock:
+            if self._held:
+                return False
+            self.robot.send_pose(pose, joint_hint)
+            return True
 
     def hold(self) -> None:
         with self._lock:

@@ -3,7 +3,7 @@
 Self-contained: task poses (`task_poses`), the action-space converter (`actions`), the observation builder
 (`observation`), the Cartesian robot contract and its simulation (`cartesian`), the safety filter (`safety`) and
 the reset move (`reset_move`).
-See docs/franka_pnp.md for the action/observation definitions and how the control loop uses these.
+See docs/franka.md (section 8) for the action/observation definitions; `loop.PnpEpisodeRunner` runs them.
 """
 
 from dreamzero_client.franka.pnp.actions import PnpActionSpace, PoseTarget, action_to_target, preview_chunk

@@ -1,6 +1,6 @@
 """franka_pnp action space: one action row -> an absolute TCP pose target and a gripper command.
 
-What a row means (RLinf's real-world Franka env, see docs/franka_pnp.md): 7 numbers
+What a row means (RLinf's real-world Franka env, see docs/franka.md section 8): 7 numbers
 (dx, dy, dz, drx, dry, drz, gripper), a *relative* motion per control step expressed in the current TCP frame, in
 units normalised to [-1, 1]. RLinf executes it as
 1. map the 6 motion numbers to the base frame with the TCP pose's 6x6 matrix (`rotations.rlinf_adjoint`);

@@ -165,8 +165,9 @@ class PnpSafetyFilter:
 
     # -- chunks -------------------------------------------------------------------------------------------------------
 
-    def check_chunk(self, chunk: object, tcp: TcpState) -> np.ndarray:
-        """The chunk as float64 (H, 7), or `PnpChunkRejected` naming what is wrong."""
+    def check_chunk(self, chunk: object, tcp: TcpState, executed_rows: int | None = None) -> np.ndarray:
+        """The chunk as float64 (H, 7), or `PnpChunkRejected` naming what is wrong. `executed_rows`: how many rows
+        the caller will execute; the jump check follows only those (rows never executed cannot move the arm)."""
         cfg = self.config
         if not isinstance(chunk, np.ndarray):
             raise PnpChunkRejected(f"actions must be a numpy array, got {type(chunk).__name__}")
@@ -192,7 +193,7 @@ class PnpSafetyFilter:
                 "[-1, 1]; was the chunk left normalised or sent in metres?)",
                 field=f"actions[{row}, {col}]",
             )
-        path = preview_chunk(chunk, tcp.pose, self.space)[:, :3, 3]
+        path = preview_chunk(chunk[:executed_rows], tcp.pose, self.space)[:, :3, 3]
         outside = np.linalg.norm(path - np.clip(path, self.poses.workspace_min, self.poses.workspace_max), axis=1)
         if outside.max() > cfg.max_preview_outside_m:
             row = int(np.argmax(outside > cfg.max_preview_outside_m))

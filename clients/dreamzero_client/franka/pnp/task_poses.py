@@ -2,7 +2,7 @@
 
 RLinf configures its pick-and-place task with one measured pose, `target_ee_pose` = (x, y, z, rx, ry, rz) in the
 robot base frame (metres, Euler "xyz" radians): the lowest point of the task's motion space. Everything else is
-derived from it (see docs/franka_pnp.md): the reset pose hovers 0.10 m above it, and the clip box spans
+derived from it (see docs/franka.md, section 8): the reset pose hovers 0.10 m above it, and the clip box spans
 x +- 0.10, y +- 0.15, z from -0.001 to +0.10 around it, with rx / ry held within +- 0.01 rad and rz within +- pi/6 of
 its orientation. `TaskPoses.from_target` reproduces that derivation; every field can be overridden.
 
@@ -171,11 +171,12 @@ def _rlinf_window() -> np.ndarray:
     return np.array([RLINF_TILT_WINDOW_RAD, RLINF_TILT_WINDOW_RAD, RLINF_YAW_WINDOW_RAD])
 
 
-def add_task_pose_args(parser: argparse.ArgumentParser) -> None:
-    """Flags for `task_poses_from_args`: the target pose is required, the rest default to RLinf's derivation."""
+def add_task_pose_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """Flags for `task_poses_from_args`: the target pose (`required` unless the caller checks it), the rest default
+    to RLinf's derivation."""
     group = parser.add_argument_group("franka_pnp task poses (base frame, metres, Euler xyz radians)")
     pose6 = ("X", "Y", "Z", "RX", "RY", "RZ")
-    group.add_argument("--target-ee-pose", type=float, nargs=6, required=True, metavar=pose6,
+    group.add_argument("--target-ee-pose", type=float, nargs=6, required=required, metavar=pose6,
                        help="measured lowest pose of the task (RLinf's target_ee_pose)")  # fmt: skip
     group.add_argument("--reset-ee-pose", type=float, nargs=6, metavar=pose6,
                        help="episode start pose (default: target + 0.10 m in z)")  # fmt: skip
@@ -188,6 +189,8 @@ def add_task_pose_args(parser: argparse.ArgumentParser) -> None:
 
 
 def task_poses_from_args(args: argparse.Namespace) -> TaskPoses:
+    if args.target_ee_pose is None:
+        raise ConfigError("--target-ee-pose is required for franka_pnp (the task's measured lowest TCP pose)")
     window = None if args.rotation_window is None else np.abs(_vector("rotation_window", args.rotation_window, 3))
     return TaskPoses.from_target(
         args.target_ee_pose,
