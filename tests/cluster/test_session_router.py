@@ -24,7 +24,9 @@ from tests.graph.helpers import decode, normalised_body
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 GEN = "/v1/actions/generations"
-ARGS = {**BASE_ARGS, "ingress": {"num_replicas": 2}}
+#: two ingress replicas; a policy arg of its own (ttl) so the next module's deploy starts policy replicas without the
+#: sessions left here (new sessions go to the least-loaded replica: leftovers would skew their placement)
+ARGS = {**BASE_ARGS, "ingress": {"num_replicas": 2}, "sessions": {**BASE_ARGS["sessions"], "ttl_s": 601}}
 ROUND_TIMEOUT_S = 180
 RETRIES = 20
 #: restarts that mean the state was not where the robot's call went (the model's own reset rules, e.g. a full
