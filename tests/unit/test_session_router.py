@@ -196,3 +196,25 @@ def test_bad_router_kwargs_are_refused(kwargs):
     router = SessionRouter.__new__(SessionRouter)  # the kwargs check needs no Ray state
     with pytest.raises(ValueError):
         router.initialize_state(**kwargs)
+
+
+def test_policy_generate_routes_by_the_key_and_carries_it_in_the_batch():
+    from serve_graph.routing import policy_generate
+
+    calls = []
+
+    class Method:
+        def __init__(self, key):
+            self.key = key
+
+        def remote(self, batch):
+            calls.append((self.key, batch.routing_key))
+            return "response"
+
+    class Handle:
+        def options(self, session_id):
+            return type("Bound", (), {"generate": Method(session_id)})()
+
+    batch = _batch(["s1", "s2"])
+    assert policy_generate(Handle(), "env-0", batch) == "response"
+    assert calls == [("env-0", "env-0")]  # the replica reports the very key the router placed
