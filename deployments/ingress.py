@@ -24,7 +24,7 @@ from dreamzero.types import ModelBatch
 from dreamzero_client.wire import codec, generations, openpi, replies, routes
 from serve_graph.config import parse_app_args
 from serve_graph.metrics import serving_metrics
-from serve_graph.routing import sticky_call
+from serve_graph.routing import policy_generate, sticky_call
 
 log = logging.getLogger("dreamzero.serve.ingress")
 
@@ -77,7 +77,7 @@ class IngressDeployment:
         else:
             batch = ModelBatch.from_normalised(req)
         t1 = time.perf_counter()
-        out = await bounded(sticky_call(self.policy, "generate", req.route_key, batch), timeout)
+        out = await bounded(policy_generate(self.policy, req.route_key, batch), timeout)
         timings["policy"] = (time.perf_counter() - t1) * 1000.0
         actions = out.result.actions
         if req.form == "raw":

@@ -28,6 +28,7 @@ from deployments.batcher import ContinuousBatcher
 from dreamzero.errors import CapacityError, InvalidRequest, PayloadTooLarge
 from dreamzero.types import ChunkResult, ModelBatch
 from serve_graph.metrics import serving_metrics
+from serve_graph.session_router import STATS_KEYS, STATS_SESSIONS, HeldKeys
 
 log = logging.getLogger("dreamzero.serve.policy")
 
@@ -263,6 +264,7 @@ class PolicyDeployment:
             max_batch_rows=self.max_batch_rows,
         )
         self._evictions_seen = 0
+        self._routing_keys = HeldKeys()  # routing key -> session ids, for record_routing_stats
         log.info("policy replica %s ready in %.1f s", self.replica, time.perf_counter() - t0)
 
     # --- request path -----------------------------------------------------------------------------------------
@@ -270,10 +272,14 @@ class PolicyDeployment:
         if not isinstance(batch, ModelBatch) or len(batch) == 0:
             raise InvalidRequest("the policy needs a ModelBatch with at least one session row")
         self._check_rows(len(batch))
-        if self._batching:
-            outcome = await self._batcher.submit(batch)
-        else:
-            (outcome,) = await self._generate_many([batch])
+        key = self._routing_keys.enter(batch)
+        try:
+            if self._batching:
+                outcome = await self._batcher.submit(batch)
+            else:
+                (outcome,) = await self._generate_many([batch])
+        finally:
+            self._routing_keys.leave(key)
         if outcome.error is not None:
             raise outcome.error
         return outcome.output
@@ -358,6 +364,15 @@ class PolicyDeployment:
         return len(session_ids)
 
     # --- introspection ----------------------------------------------------------------------------------------
+    async def record_routing_stats(self) -> dict:
+        """The routing keys of the sessions this replica holds, for SessionRouter (polled by Serve's controller).
+
+        Runs on the replica's event loop and only reads the store's index (membership tests, atomic under the GIL),
+        so a long model call never delays it.
+        """
+        keys, sessions = self._routing_keys.live(self.pipeline.store)
+        return {STATS_KEYS: keys, STATS_SESSIONS: sessions}
+
     def info(self) -> dict:
         loop_cfg = self.pipeline.config  # PipelineConfig: the inference-loop knobs in effect
         model_cfg = getattr(getattr(self.pipeline, "model", None), "config", None)  # DreamZeroConfig when known

@@ -30,6 +30,7 @@ from dreamzero_client.wire import generations, rldx
 from serve_graph.config import AppArgs, parse_app_args
 from serve_graph.errors_http import classify
 from serve_graph.metrics import serving_metrics
+from serve_graph.routing import policy_generate
 
 log = logging.getLogger("dreamzero.serve.zmq")
 
@@ -189,7 +190,7 @@ class ZmqDoor:
         batch, ctx = await calls(self.preprocess.run.remote(gen))
         t1 = time.perf_counter()
         timings["preprocess"] = (t1 - t0) * 1000.0
-        out = await calls(_sticky(self.policy, "generate", gen.route_key, batch))
+        out = await calls(policy_generate(self.policy, gen.route_key, batch))
         t2 = time.perf_counter()
         timings["policy"] = (t2 - t1) * 1000.0
         actions = await calls(self.postprocess.run.remote(out.result.actions, ctx))

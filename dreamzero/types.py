@@ -48,6 +48,9 @@ class ModelBatch:
     # rule for this row's state (gain 0: padding / constant dim); None = the normalised form (identity)
     action_gain: np.ndarray | None = None
     action_bias: np.ndarray | None = None
+    # the key the caller routed this request by (`handle.options(session_id=key)`: explicit routing key, else the
+    # first session id); the Policy replica reports the keys it holds so the session router keeps them there
+    routing_key: str | None = None
 
     def __len__(self) -> int:
         return len(self.session_ids)
@@ -74,6 +77,7 @@ class ModelBatch:
             rtc_prefix_len=request.rtc_prefix_len,
             rtc_exec_horizon=request.rtc_exec_horizon,
             action_prefix=request.action_prefix,  # normalised units: this form has no action codec
+            routing_key=request.route_key,
         )
 
 

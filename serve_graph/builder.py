@@ -21,7 +21,7 @@ from deployments.postprocess import PostprocessDeployment
 from deployments.preprocess import PreprocessDeployment, load_embodiment
 from dreamzero.errors import ConfigError
 from serve_graph.config import AppArgs, CpuStageArgs, parse_app_args
-from serve_graph.routing import sticky_router_config
+from serve_graph.routing import session_router_config
 
 #: Ray Serve settings for every replica of the graph (the per-replica half of RAY_SERVE_THROUGHPUT_OPTIMIZED): user code
 #: runs on the replica's own event loop and handle calls route on the caller's loop, instead of hopping between threads
@@ -62,7 +62,7 @@ def policy_options(cfg: AppArgs) -> dict[str, Any]:
             "num_gpus": p.num_gpus,
             "runtime_env": {"env_vars": dict(REPLICA_ENV)},
         },
-        "request_router_config": sticky_router_config(p.num_virtual_nodes),
+        "request_router_config": session_router_config(),  # sessions stay on the replica holding them
         # a replica busy with long 14B chunks must not be declared dead (the model runs off the event loop anyway)
         "health_check_timeout_s": 120.0,
         "graceful_shutdown_timeout_s": 30.0,

@@ -103,7 +103,6 @@ class PolicyArgs(_Strict):
         ge=-1,
         description="Requests queued per caller for a busy replica before 503 + Retry-After (-1: unbounded).",
     )
-    num_virtual_nodes: int = Field(100, ge=1, description="Virtual nodes per replica on the session hash ring.")
     replay: ReplayArgs | None = Field(
         None, description="Answer with a LeRobot episode's recorded actions instead of loading a model."
     )

@@ -1,10 +1,10 @@
-"""Sticky session routing to policy replicas.
+"""Session routing to policy replicas.
 
 A request's routing key (explicit `parameters.routing_key`, else its first session id) becomes the Serve request's
-`session_id`; Ray's `ConsistentHashRouter` maps it onto a hash ring of live replicas, a pure function of (key, replicas)
-that every caller process computes identically. `num_fallback_replicas=0`: a busy owner queues the request instead of
-spilling the session to a replica that holds none of its state. Routing is still only a hint: the policy replica
-checks continuity itself (steps, restarts) and reports it.
+`session_id`, and travels in the ModelBatch too (`routing_key`), so the Policy replica can report the keys it holds.
+`serve_graph.session_router.SessionRouter` keeps a key on the replica that reports it and places a new key on a
+least-loaded replica, the same on every caller process (docs/serving.md, "How sessions are placed"). Routing is still
+only a hint: the policy replica checks continuity itself (steps, incarnations, restarts) and reports it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from ray.serve.config import RequestRouterConfig
 
-CONSISTENT_HASH_ROUTER = "ray.serve.experimental.consistent_hash_router.ConsistentHashRouter"
+from serve_graph.session_router import ROUTING_STATS_PERIOD_S, ROUTING_STATS_TIMEOUT_S, SESSION_ROUTER
 
 #: prefix of session ids created for OpenPI WebSocket connections
 WS_SESSION_PREFIX = "ws"
@@ -25,10 +25,15 @@ def ws_session_id(connection_id: str, session_id: str) -> str:
     return f"{WS_SESSION_PREFIX}-{connection_id}:{session_id}"
 
 
-def sticky_router_config(num_virtual_nodes: int = 100) -> RequestRouterConfig:
+def session_router_config() -> RequestRouterConfig:
     return RequestRouterConfig(
-        request_router_class=CONSISTENT_HASH_ROUTER,
-        request_router_kwargs={"num_virtual_nodes": int(num_virtual_nodes), "num_fallback_replicas": 0},
+        request_router_class=SESSION_ROUTER,
+        request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
+        # The report itself takes microseconds (it reads the session store from the replica's event loop, never
+        # waiting for a model call); a slow one means an overloaded node. Past the timeout the controller drops that
+        # poll and retries, keeping the previous report, so routers keep placing by slightly stale keys instead of
+        # none. Ray's default (30 s) would let one stuck poll delay every newer report that long.
+        request_routing_stats_timeout_s=ROUTING_STATS_TIMEOUT_S,
     )
 
 
@@ -36,8 +41,16 @@ def sticky_call(handle: Any, method: str, key: str, *args: Any, **kwargs: Any) -
     """Start `handle.<method>.remote(*args)` routed by `key`; returns the un-awaited DeploymentResponse.
 
     The call runs in a fresh contextvars.Context: in Ray 2.60 sub-requests otherwise inherit the parent request's
-    internal id, and concurrent consistent-hash calls made inside one ingress request (e.g. several WebSocket
-    messages of one connection, or a gather) hang forever.
+    internal id, and concurrent calls made inside one ingress request (several WebSocket messages of one connection,
+    a gather) hang forever. Still true with SessionRouter: it keeps ConsistentHashRouter's routing loop, whose
+    pending-request index (`RequestRouter._pending_requests_by_id`) holds one request per internal id, so a second
+    request with the same id is never handed a replica.
     """
     bound = getattr(handle.options(session_id=key), method)
     return contextvars.Context().run(bound.remote, *args, **kwargs)
+
+
+def policy_generate(handle: Any, key: str, batch: Any) -> Any:
+    """Start `Policy.generate(batch)` routed by `key`; the key also rides in the batch for the replica's report."""
+    batch.routing_key = key
+    return sticky_call(handle, "generate", key, batch)

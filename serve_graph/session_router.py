@@ -22,7 +22,10 @@ Ray APIs used here that are alpha or private, pinned by `ray[serve]==2.60.*` and
 - `ray.serve.experimental.consistent_hash_router.ConsistentHashRouter`, subclassed for its routing loop, which keeps
   a popped request retrying until it is placed (the base loop can orphan same-session bursts) and its
   `_routing_key(pending_request)` (session id, else the internal request id);
-- the private `_replicas` mapping (replica id -> RunningReplica) of `RequestRouter`.
+- the private `_replicas` mapping (replica id -> RunningReplica) of `RequestRouter`;
+- Serve's private behaviour this design relies on, checked by source there too: the hook name
+  `record_routing_stats`, a STOPPING (draining) replica leaving `get_running_replica_infos` (the broadcast) at once,
+  and the pending-request index by internal id that `serve_graph.routing.sticky_call` works around.
 """
 
 from __future__ import annotations
@@ -133,6 +136,46 @@ class PlacementMemo:
 
     def __len__(self) -> int:
         return len(self._placed)
+
+
+class HeldKeys:
+    """A Policy replica's bookkeeping for its routing-stats report: routing key -> the session ids sent under it.
+
+    A key is reported while one of its sessions lives in the replica's store or a request under it is in flight
+    (a new session is in the store only once its first chunk is computed). Keys whose sessions all left the store
+    (evicted, expired, dropped) are forgotten at the next report, so the map stays as small as the store.
+    """
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, set[str]] = {}
+        self._in_flight: dict[str, int] = {}
+
+    def enter(self, batch) -> str:
+        """Note a request (a ModelBatch) on arrival; returns its key for `leave`."""
+        key = batch.routing_key or batch.session_ids[0]
+        self._sessions.setdefault(key, set()).update(batch.session_ids)
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+        return key
+
+    def leave(self, key: str) -> None:
+        n = self._in_flight.get(key, 0) - 1
+        if n > 0:
+            self._in_flight[key] = n
+        else:
+            self._in_flight.pop(key, None)
+
+    def live(self, store) -> tuple[list[str], int]:
+        """(sorted live keys, live sessions among them), pruning the rest; `store` answers `session_id in store`."""
+        keys, sessions = [], 0
+        for key in list(self._sessions):
+            alive = {sid for sid in self._sessions[key] if sid in store}
+            if alive or key in self._in_flight:
+                self._sessions[key] = alive | (self._sessions[key] if key in self._in_flight else set())
+                keys.append(key)
+                sessions += len(alive)
+            else:
+                del self._sessions[key]
+        return sorted(keys), sessions
 
 
 class SessionRouter(ConsistentHashRouter):

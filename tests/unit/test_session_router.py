@@ -10,9 +10,11 @@ import sys
 
 import pytest
 
+from dreamzero.types import ModelBatch
 from serve_graph.session_router import (
     STATS_KEYS,
     STATS_SESSIONS,
+    HeldKeys,
     PlacementMemo,
     ReplicaView,
     SessionRouter,
@@ -135,8 +137,58 @@ def test_ray_router_api_is_what_we_build_on():
 
     assert "session_id" in {f.name for f in dataclasses.fields(RequestMetadata)}
     fields = RequestRouterConfig.model_fields if hasattr(RequestRouterConfig, "model_fields") else {}
-    for name in ("request_router_class", "request_router_kwargs", "request_routing_stats_period_s"):
+    for name in (
+        "request_router_class", "request_router_kwargs", "request_routing_stats_period_s",
+        "request_routing_stats_timeout_s",
+    ):  # fmt: skip
         assert name in fields, name
+    from ray.serve._private.constants import REQUEST_ROUTING_STATS_METHOD
+
+    assert REQUEST_ROUTING_STATS_METHOD == "record_routing_stats"
+    # sticky_call's fresh context: the routing loop indexes pending requests by internal id, one each (private)
+    from ray.serve._private.request_router.request_router import RequestRouter as PrivateRouter
+
+    assert "_pending_requests_by_id" in inspect.getsource(PrivateRouter._add_pending_request_to_indices)
+    # a draining (STOPPING) replica leaves the broadcast at once: only RUNNING / PENDING_MIGRATION are routed to
+    from ray.serve._private.deployment_state import DeploymentState
+
+    running = inspect.getsource(DeploymentState.get_running_replica_infos)
+    assert "ReplicaState.RUNNING" in running and "STOPPING" not in running
+
+
+def _batch(sids: list[str], key: str | None = None) -> ModelBatch:
+    n = len(sids)
+    return ModelBatch(
+        images=None, state=None, state_mask=None, prompts=["p"] * n, session_ids=sids, routing_key=key
+    )  # fmt: skip
+
+
+def test_held_keys_report_live_sessions_and_in_flight_keys_only():
+    held = HeldKeys()
+    a = held.enter(_batch(["s1", "s2"], key="env-0"))
+    b = held.enter(_batch(["robot-7"]))  # no explicit key: the first session id, as the caller routed it
+    assert (a, b) == ("env-0", "robot-7")
+    assert held.live(set()) == (["env-0", "robot-7"], 0)  # in flight: reported before the store has them
+    held.leave(a)
+    held.leave(b)
+    assert held.live({"s2", "robot-7"}) == (["env-0", "robot-7"], 2)
+    assert held.live({"robot-7"}) == (["robot-7"], 1)  # env-0's sessions were evicted: forgotten
+    assert held.live({"s1", "robot-7"}) == (["robot-7"], 1)  # and not resurrected by a stray id
+    assert held.live(set()) == ([], 0)
+
+
+def test_policy_options_route_by_session_router_with_stats():
+    from serve_graph.builder import policy_options
+    from serve_graph.config import parse_app_args
+    from serve_graph.session_router import ROUTING_STATS_PERIOD_S, ROUTING_STATS_TIMEOUT_S, SESSION_ROUTER
+
+    cfg = policy_options(parse_app_args({}))["request_router_config"]
+    assert cfg.request_router_class == SESSION_ROUTER
+    assert cfg.request_routing_stats_period_s == ROUTING_STATS_PERIOD_S
+    assert cfg.request_routing_stats_timeout_s == ROUTING_STATS_TIMEOUT_S
+    from deployments.policy import PolicyDeployment
+
+    assert callable(getattr(PolicyDeployment, "record_routing_stats", None))  # the hook name Serve polls
 
 
 @pytest.mark.parametrize("kwargs", [{"placement_ttl_s": 0}, {"placement_ttl_s": "x"}, {"load_slack": -1}])
@@ -144,3 +196,25 @@ def test_bad_router_kwargs_are_refused(kwargs):
     router = SessionRouter.__new__(SessionRouter)  # the kwargs check needs no Ray state
     with pytest.raises(ValueError):
         router.initialize_state(**kwargs)
+
+
+def test_policy_generate_routes_by_the_key_and_carries_it_in_the_batch():
+    from serve_graph.routing import policy_generate
+
+    calls = []
+
+    class Method:
+        def __init__(self, key):
+            self.key = key
+
+        def remote(self, batch):
+            calls.append((self.key, batch.routing_key))
+            return "response"
+
+    class Handle:
+        def options(self, session_id):
+            return type("Bound", (), {"generate": Method(session_id)})()
+
+    batch = _batch(["s1", "s2"])
+    assert policy_generate(Handle(), "env-0", batch) == "response"
+    assert calls == [("env-0", "env-0")]  # the replica reports the very key the router placed
