@@ -84,7 +84,9 @@ def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
     cfg = parse_app_args(args)
     from dreamzero.device import check_serving_device  # no CUDA, no bf16, weights larger than the GPU: fail here
 
-    check_serving_device(cfg.policy.num_gpus, cfg.resolved_device, cfg.dtype, cfg.model_path)
+    # the weights-size check reads safetensors headers of the hf layout; other layouts are loaded unchecked
+    sized = cfg.model_path if cfg.resolved_layout == "hf" else None
+    check_serving_device(cfg.policy.num_gpus, cfg.resolved_device, cfg.dtype, sized)
     # Read once here, at start (a bad file fails now, not on the first request); the CPU stages get data, not paths.
     model = resolve_model(cfg)
 
