@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -159,6 +160,7 @@ def two_nodes(tmp_path_factory):
         yield f"127.0.0.1:{port}", checkpoint, audit
     finally:
         _kill_cluster(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 def test_policy_on_the_second_node_and_the_head_never_opens_the_checkpoint(two_nodes):
