@@ -34,7 +34,7 @@ def test_defaults_are_the_cpu_embedded_model():
     [
         ({"policy": {"num_gpuz": 1}}, "args.policy.num_gpuz: unknown field"),
         ({"pipeline": {"num_inference_step": 4}}, "Did you mean 'num_inference_steps'"),
-        ({"model_path": "/nonexistent/ckpt"}, "is not a directory"),
+        ({"model_path": "/nonexistent/ckpt"}, "args.model_path: '/nonexistent/ckpt' does not exist"),
         ({"device": "cuda"}, "set policy.num_gpus: 1"),
         ({"policy": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}, "raise max_replicas"),
         ({"api_key_env": "DREAMZERO_TEST_UNSET_KEY"}, "export it first"),

@@ -9,6 +9,8 @@ import shutil
 
 import pytest
 
+from deployments.postprocess import PostprocessDeployment
+from deployments.preprocess import PreprocessDeployment
 from dreamzero.errors import ConfigError
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
@@ -83,6 +85,10 @@ def test_statistics_come_from_beside_the_checkpoint_or_metadata_path(layouts, tm
     (copy / "metadata.json").write_text(json.dumps(stats))  # the second name looked for
     model = resolve_model(parse_app_args({"model_path": str(copy)}))
     assert model.metadata["oxe_droid"]["statistics"]["state"]["gripper_position"]["q99"] == [0.75]
+    # the CPU stages build their embodiment from this data, not from a file
+    for stage_cls in (PreprocessDeployment, PostprocessDeployment):
+        stage = stage_cls("oxe_droid", model.metadata)
+        assert stage.embodiment.metadata.stats("state.gripper_position").q99.tolist() == [0.75]
     explicit = tmp_path / "other.json"
     explicit.write_text(json.dumps({"libero_sim": stats["libero_sim"]}))
     with pytest.raises(ConfigError, match="args.metadata_path: .*no embodiment tag 'oxe_droid'"):
