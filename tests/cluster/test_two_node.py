@@ -147,8 +147,8 @@ def two_nodes(tmp_path_factory):
     try:
         _ray_start(
             ["--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false",
-             f"--ray-client-server-port={_free_port()}", "--resources", json.dumps({"head": 1}), *common,
-             *_node_ports()],
+             f"--dashboard-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
+             "--resources", json.dumps({"head": 1}), *common, *_node_ports()],
             {**base_env, "DZ_AUDIT_LABEL": "head"},
             temp_dir,
         )  # fmt: skip
