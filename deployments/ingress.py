@@ -44,10 +44,12 @@ class GraphReply:
 class IngressDeployment:
     """Plain class; `build_app` wraps it with `serve.ingress()` (the ASGI app is built per replica)."""
 
-    def __init__(self, preprocess: Any, policy: Any, postprocess: Any, args: dict):
+    def __init__(self, preprocess: Any, policy: Any, postprocess: Any, args: dict, metadata: dict | None = None):
+        """`metadata`: the embodiment's statistics as read by `build_app` (None: the shipped file); the ingress never
+        opens the checkpoint (its args come without model_path)."""
         self.cfg = parse_app_args(args)
         self.preprocess, self.policy, self.postprocess = (over_grpc(h) for h in (preprocess, policy, postprocess))
-        self.embodiment = load_embodiment(self.cfg.embodiment, self.cfg.metadata_path, self.cfg.model_path)
+        self.embodiment = load_embodiment(self.cfg.embodiment, metadata)
         self.api_key = self.cfg.resolved_api_key
         self.metrics = serving_metrics()
         self._policy_info: dict | None = None

@@ -88,12 +88,12 @@ def load_pipeline(**kwargs: Any):
     return DreamZeroPipeline.load(**kwargs)
 
 
-def load_replay(replay: dict, embodiment: str, metadata_path: str | None, model_path: str | None, max_sessions: int):
+def load_replay(replay: dict, embodiment: str, metadata: dict | None, max_sessions: int):
     """A LeRobot episode's recorded actions behind the pipeline interface (`policy.replay` in serve_config.yaml)."""
     from deployments.preprocess import load_embodiment
     from deployments.replay import ReplayPipeline
 
-    emb = load_embodiment(embodiment, metadata_path, model_path)
+    emb = load_embodiment(embodiment, metadata)
     return ReplayPipeline(
         emb, replay["dataset"], replay.get("episode", 0), replay.get("stride"), replay.get("action_columns"),
         max_sessions=max_sessions,
@@ -222,7 +222,9 @@ class PolicyDeployment:
         rows_per_thread: int = 4,
         replay: dict | None = None,
         embodiment: str = "oxe_droid",
-        metadata_path: str | None = None,
+        metadata: dict | None = None,
+        checkpoint_layout: str | None = None,
+        checkpoint_config: str | None = None,
         session_max_bytes: int | str | None = None,
         max_batch_rows: int | None = None,
         rows_per_request: int | None = None,
@@ -233,10 +235,12 @@ class PolicyDeployment:
         self.max_batch_rows = max_batch_rows or max_sessions  # a request never holds more sessions than that
         self.rows_per_request = rows_per_request
         if replay is not None:  # recorded actions instead of a model (deployments/replay.py); no tensors to budget
-            self.pipeline = load_replay(replay, embodiment, metadata_path, model_path, max_sessions)
+            self.pipeline = load_replay(replay, embodiment, metadata, max_sessions)
         else:
             self.pipeline = load_pipeline(
                 model_path=model_path,
+                layout=checkpoint_layout,
+                config=checkpoint_config,
                 tokenizer_path=tokenizer_path,
                 device=device,
                 dtype=dtype,

@@ -13,8 +13,8 @@ from dreamzero.embodiments import PostprocessContext
 
 
 class PostprocessDeployment:
-    def __init__(self, embodiment: str, metadata_path: str | None = None, model_path: str | None = None):
-        self.embodiment = load_embodiment(embodiment, metadata_path, model_path)
+    def __init__(self, embodiment: str, metadata: dict | None = None):
+        self.embodiment = load_embodiment(embodiment, metadata)  # statistics as data: the checkpoint is never read
 
     def run(self, actions: np.ndarray, context: PostprocessContext) -> np.ndarray:
         """[B, H, 32] normalised -> float32 [B, H, action_dim] (8 for DROID)."""

@@ -1,7 +1,8 @@
 """Preprocess deployment (CPU): raw environment observations -> `ModelBatch` + the context postprocess needs.
 
 A thin adapter around the embodiment's transforms (crop, resize, stitch, q99 state, prompt template), which are pure
-functions of the request plus metadata.json, so replicas scale independently of the model.
+functions of the request plus the statistics, so replicas scale independently of the model. The statistics arrive as
+data (read once by `build_app`, serve_graph/model_source.py): this process never opens the checkpoint.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from dreamzero_client.wire.generations import GenerationRequest
 from dreamzero_client.wire.openpi import OPENPI_DROID_KEY_MAP
 
 
-def load_embodiment(tag: str, metadata_path: str | None = None, model_path: str | None = None) -> Embodiment:
-    """Statistics from `metadata_path`, else the checkpoint's experiment_cfg/metadata.json, else the shipped file."""
-    return get_embodiment(tag, metadata_path or model_path)
+def load_embodiment(tag: str, metadata: dict | None = None) -> Embodiment:
+    """The embodiment with the statistics `build_app` read ({tag: entry}); None: the shipped synthetic file."""
+    return get_embodiment(tag, metadata)
 
 
 def openpi_key_map(embodiment: Embodiment) -> dict[str, str]:
@@ -24,8 +25,8 @@ def openpi_key_map(embodiment: Embodiment) -> dict[str, str]:
 
 
 class PreprocessDeployment:
-    def __init__(self, embodiment: str, metadata_path: str | None = None, model_path: str | None = None):
-        self.embodiment = load_embodiment(embodiment, metadata_path, model_path)
+    def __init__(self, embodiment: str, metadata: dict | None = None):
+        self.embodiment = load_embodiment(embodiment, metadata)
 
     def run(self, request: GenerationRequest) -> tuple[ModelBatch, PostprocessContext]:
         if request.form != "raw":

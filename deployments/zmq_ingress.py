@@ -87,12 +87,12 @@ class _Calls:
 class ZmqDoor:
     """Request handling of the ZMQ front door, without the socket (tests drive `handle` directly)."""
 
-    def __init__(self, cfg: AppArgs, preprocess: Any, policy: Any, postprocess: Any):
+    def __init__(self, cfg: AppArgs, preprocess: Any, policy: Any, postprocess: Any, metadata: dict | None = None):
         if cfg.zmq is None:
             raise InvalidRequest("the ZMQ door needs `zmq:` in the app args")
         self.cfg, self.zcfg = cfg, cfg.zmq
         self.preprocess, self.policy, self.postprocess = (_graph_handle(h) for h in (preprocess, policy, postprocess))
-        self.embodiment = load_embodiment(cfg.embodiment, cfg.metadata_path, cfg.model_path)
+        self.embodiment = load_embodiment(cfg.embodiment, metadata)  # statistics read once by build_app
         self.api_key = cfg.resolved_api_key
         self.metrics = serving_metrics()
         # client -> {client's session id: routing key of the request that used it}
@@ -296,8 +296,8 @@ class ZmqIngressDeployment:
     task of that loop and awaits the graph's handles like any request handler.
     """
 
-    async def __init__(self, preprocess: Any, policy: Any, postprocess: Any, args: dict):
-        self.door = ZmqDoor(parse_app_args(args), preprocess, policy, postprocess)
+    async def __init__(self, preprocess: Any, policy: Any, postprocess: Any, args: dict, metadata: dict | None = None):
+        self.door = ZmqDoor(parse_app_args(args), preprocess, policy, postprocess, metadata)
         self._sock = self.door.bind()
         self._task = asyncio.get_running_loop().create_task(self.door.serve(self._sock))
         log.info("ZMQ front door listening on tcp://%s:%d", self.door.zcfg.host, self.door.zcfg.port)

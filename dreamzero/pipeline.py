@@ -402,8 +402,12 @@ class DreamZeroPipeline:
         max_sessions: int = 64,
         session_ttl_s: float | None = None,
         session_max_bytes: int | None = None,
+        layout: str | None = None,
+        config=None,
     ) -> DreamZeroPipeline:
-        """Load a checkpoint directory (None: the embedded tiny default) and wrap it with a session store.
+        """Load a checkpoint (None: the embedded tiny default) and wrap it with a session store.
+
+        `layout` / `config`: as `dreamzero.checkpoint.load_model` takes them (None: detect / the checkpoint's own).
 
         `overrides` replaces PipelineConfig fields by name (e.g. {"dynamic_skip": True}); the session store holds at
         most `max_sessions` sessions and `session_max_bytes` bytes of their tensors, evicting idle ones.
@@ -414,7 +418,9 @@ class DreamZeroPipeline:
             from dreamzero.embedded_default import default_model_dir
 
             model_path = default_model_dir()
-        model = load_model(model_path, device=device, dtype=dtype, tokenizer_path=tokenizer_path)
+        model = load_model(
+            model_path, device=device, dtype=dtype, tokenizer_path=tokenizer_path, layout=layout, config=config
+        )
         config = apply_overrides(model.config.pipeline, overrides)
         store = SessionStore(max_sessions=max_sessions, ttl_s=session_ttl_s, max_bytes=session_max_bytes)
         pipe = cls(model, config, store)

@@ -18,9 +18,9 @@ from ray.serve import Application
 from deployments.ingress import IngressDeployment
 from deployments.policy import PolicyDeployment
 from deployments.postprocess import PostprocessDeployment
-from deployments.preprocess import PreprocessDeployment, load_embodiment
-from dreamzero.errors import ConfigError
+from deployments.preprocess import PreprocessDeployment
 from serve_graph.config import AppArgs, CpuStageArgs, parse_app_args
+from serve_graph.model_source import resolve_model
 from serve_graph.routing import session_router_config
 
 #: Ray Serve settings for every replica of the graph (the per-replica half of RAY_SERVE_THROUGHPUT_OPTIMIZED): user code
@@ -46,7 +46,11 @@ def _cpu_options(name: str, stage: CpuStageArgs) -> dict[str, Any]:
         "name": name,
         "num_replicas": stage.num_replicas,
         "max_ongoing_requests": stage.max_ongoing_requests,
-        "ray_actor_options": {"num_cpus": stage.num_cpus, "runtime_env": {"env_vars": dict(REPLICA_ENV)}},
+        "ray_actor_options": {
+            "num_cpus": stage.num_cpus,
+            "resources": dict(stage.resources),
+            "runtime_env": {"env_vars": dict(REPLICA_ENV)},
+        },
     }
 
 
@@ -60,6 +64,7 @@ def policy_options(cfg: AppArgs) -> dict[str, Any]:
         "ray_actor_options": {
             "num_cpus": p.num_cpus,
             "num_gpus": p.num_gpus,
+            "resources": dict(p.resources),
             "runtime_env": {"env_vars": dict(REPLICA_ENV)},
         },
         "request_router_config": session_router_config(),  # sessions stay on the replica holding them
@@ -79,24 +84,23 @@ def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
     cfg = parse_app_args(args)
     from dreamzero.device import check_serving_device  # no CUDA, no bf16, weights larger than the GPU: fail here
 
-    check_serving_device(cfg.policy.num_gpus, cfg.resolved_device, cfg.dtype, cfg.model_path)
-    # Fail at start (not on the first request) for an unknown embodiment or unreadable metadata.
-    try:
-        load_embodiment(cfg.embodiment, cfg.metadata_path, cfg.model_path)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"args.embodiment / args.metadata_path: {exc}") from exc
+    # the weights-size check reads safetensors headers of the hf layout; other layouts are loaded unchecked
+    sized = cfg.model_path if cfg.resolved_layout == "hf" else None
+    check_serving_device(cfg.policy.num_gpus, cfg.resolved_device, cfg.dtype, sized)
+    # Read once here, at start (a bad file fails now, not on the first request); the CPU stages get data, not paths.
+    model = resolve_model(cfg)
 
     preprocess = serve.deployment(PreprocessDeployment, **_cpu_options(PREPROCESS, cfg.preprocess)).bind(
-        cfg.embodiment, cfg.metadata_path, cfg.model_path
+        model.embodiment, model.metadata
     )
     postprocess = serve.deployment(PostprocessDeployment, **_cpu_options(POSTPROCESS, cfg.postprocess)).bind(
-        cfg.embodiment, cfg.metadata_path, cfg.model_path
+        model.embodiment, model.metadata
     )
     policy = serve.deployment(PolicyDeployment, **policy_options(cfg)).bind(
         model_path=cfg.model_path,
-        tokenizer_path=cfg.tokenizer_path,
+        checkpoint_layout=model.layout,
+        checkpoint_config=model.checkpoint_config,
+        tokenizer_path=model.tokenizer_path or cfg.tokenizer_path,
         device=cfg.resolved_device,
         dtype=cfg.dtype,
         pipeline_overrides=dict(cfg.pipeline),
@@ -109,31 +113,43 @@ def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
         torch_threads=cfg.policy.torch_threads,
         rows_per_thread=cfg.policy.rows_per_thread,
         replay=None if cfg.policy.replay is None else cfg.policy.replay.model_dump(),
-        embodiment=cfg.embodiment,
-        metadata_path=cfg.metadata_path,
+        embodiment=model.embodiment,
+        metadata=model.metadata,
         session_max_bytes=cfg.sessions.max_bytes,
         max_batch_rows=cfg.batching.max_batch_rows,
         rows_per_request=cfg.batching.rows_per_request,
         retry_after_s=cfg.http.retry_after_s,
     )
-    # The key is resolved here: the ingress replica's process may not see the env var named by api_key_env.
-    ingress_args = cfg.model_copy(update={"api_key": cfg.resolved_api_key, "api_key_env": None}).model_dump()
+    ingress_args = front_door_args(cfg)
     if cfg.zmq is not None:
-        return _bind_with_zmq_door(cfg, preprocess, policy, postprocess, ingress_args)
+        return _bind_with_zmq_door(cfg, preprocess, policy, postprocess, ingress_args, model.metadata)
     ingress_cls = serve.ingress()(IngressDeployment)  # the ASGI app is built per replica by the class itself
     return serve.deployment(ingress_cls, **_cpu_options(INGRESS, cfg.ingress)).bind(
-        preprocess, policy, postprocess, ingress_args
+        preprocess, policy, postprocess, ingress_args, model.metadata
     )
 
 
-def _bind_with_zmq_door(cfg: AppArgs, preprocess, policy, postprocess, ingress_args: dict) -> Application:
+def front_door_args(cfg: AppArgs) -> dict[str, Any]:
+    """The args the ingress and the ZMQ door validate again in their replicas. The key is resolved here (their process
+    may not see the env var named by api_key_env); the paths only the policy opens are dropped: they may not exist
+    on the front door's node, and the statistics travel as data."""
+    only_policy = {"model_path", "tokenizer_path", "metadata_path", "checkpoint_layout", "checkpoint_config"}
+    update: dict[str, Any] = dict.fromkeys(only_policy)
+    update.update(api_key=cfg.resolved_api_key, api_key_env=None, policy=cfg.policy.model_copy(update={"replay": None}))
+    return cfg.model_copy(update=update).model_dump()
+
+
+def _bind_with_zmq_door(cfg: AppArgs, preprocess, policy, postprocess, ingress_args: dict, metadata) -> Application:
     """The graph plus the ZeroMQ front door (deployments/zmq_ingress.py), one replica: it binds a fixed port."""
     from deployments.zmq_ingress import IngressWithZmqDoor, ZmqIngressDeployment
 
-    door_options = _cpu_options(ZMQ_DOOR, CpuStageArgs(num_replicas=1, num_cpus=cfg.zmq.num_cpus))
+    door_stage = CpuStageArgs(num_replicas=1, num_cpus=cfg.zmq.num_cpus, resources=cfg.ingress.resources)
+    door_options = _cpu_options(ZMQ_DOOR, door_stage)
     door_options["max_ongoing_requests"] = 1  # it serves no Serve requests, only health checks
-    door = serve.deployment(ZmqIngressDeployment, **door_options).bind(preprocess, policy, postprocess, ingress_args)
+    door = serve.deployment(ZmqIngressDeployment, **door_options).bind(
+        preprocess, policy, postprocess, ingress_args, metadata
+    )
     ingress_cls = serve.ingress()(IngressWithZmqDoor)
     return serve.deployment(ingress_cls, **_cpu_options(INGRESS, cfg.ingress)).bind(
-        preprocess, policy, postprocess, ingress_args, zmq_door=door
+        preprocess, policy, postprocess, ingress_args, metadata, zmq_door=door
     )

@@ -59,6 +59,11 @@ class CpuStageArgs(_Strict):
         0.0, ge=0, description="CPUs reserved per replica; 0 lets several replicas share a small machine."
     )
     max_ongoing_requests: int = Field(64, ge=1, description="Concurrent requests one replica accepts.")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources per replica, e.g. {head: 0.01} to keep the stage on the node started "
+        "with `--resources '{\"head\": 1}'`.",
+    )
 
 
 class ReplayArgs(_Strict):
@@ -102,6 +107,11 @@ class PolicyArgs(_Strict):
         256,
         ge=-1,
         description="Requests queued per caller for a busy replica before 503 + Retry-After (-1: unbounded).",
+    )
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources per replica, e.g. {gpu_node: 0.01} to place the policy on the nodes "
+        "started with that resource.",
     )
     replay: ReplayArgs | None = Field(
         None, description="Answer with a LeRobot episode's recorded actions instead of loading a model."
@@ -199,7 +209,19 @@ class AppArgs(_Strict):
     """Everything `build_app` needs. Only `model_path` changes between the CPU default and a GPU deployment."""
 
     model_path: str | None = Field(
-        None, description="Checkpoint directory (HF layout with config.json); null builds the embedded tiny model."
+        None,
+        description='Checkpoint in one of three layouts (docs/serving.md, "Checkpoint layouts"): an HF folder with '
+        "config.json, a full_weights.pt (or a folder holding one; needs checkpoint_config unless a config.json lies "
+        "beside it), or a -Diffusers folder with model_index.json; null builds the embedded tiny model. Only the "
+        "policy replicas open it.",
+    )
+    checkpoint_layout: Literal["hf", "full_weights", "diffusers"] | None = Field(
+        None, description="Layout of model_path; null detects it from the files."
+    )
+    checkpoint_config: str | None = Field(
+        None,
+        description="Preset config (droid_14b, libero_5b, tiny) of the checkpoint: required for a full_weights.pt "
+        "with no config.json beside it, otherwise it replaces the checkpoint's own config.",
     )
     tokenizer_path: str | None = Field(
         None,
@@ -240,15 +262,17 @@ class AppArgs(_Strict):
 
     @field_validator("model_path")
     @classmethod
-    def _model_dir_exists(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        path = Path(v).expanduser()
-        if not path.is_dir():
-            raise ValueError(f"{v!r} is not a directory; point model_path at a checkpoint folder or set it to null")
-        if not (path / "config.json").is_file():
-            raise ValueError(f"{v!r} has no config.json; point model_path at the checkpoint root (HF layout)")
-        return str(path)
+    def _model_path_exists(cls, v: str | None) -> str | None:
+        return _existing(v, Path.exists, "does not exist; point model_path at a checkpoint (file or folder)")
+
+    @field_validator("checkpoint_config")
+    @classmethod
+    def _known_preset(cls, v: str | None) -> str | None:
+        from dreamzero.config import PRESETS
+
+        if v is not None and v not in PRESETS:
+            raise ValueError(f"{v!r} is no preset; use one of {sorted(PRESETS)} or null")
+        return v
 
     @field_validator("tokenizer_path")
     @classmethod
@@ -270,6 +294,15 @@ class AppArgs(_Strict):
         return v
 
     @model_validator(mode="after")
+    def _checkpoint_is_loadable(self) -> AppArgs:
+        if self.model_path is None:
+            return self
+        from serve_graph.model_source import check_checkpoint
+
+        check_checkpoint(self.model_path, self.checkpoint_layout, self.checkpoint_config)
+        return self
+
+    @model_validator(mode="after")
     def _device_matches_gpus(self) -> AppArgs:
         if self.device and self.device.startswith("cuda") and self.policy.num_gpus == 0:
             raise ValueError("device is cuda but policy.num_gpus is 0; set policy.num_gpus: 1 (per replica)")
@@ -283,6 +316,15 @@ class AppArgs(_Strict):
     @property
     def resolved_device(self) -> str:
         return self.device or ("cuda" if self.policy.num_gpus > 0 else "cpu")
+
+    @property
+    def resolved_layout(self) -> str | None:
+        """The checkpoint layout: as given, else detected from model_path's files; None for the embedded default."""
+        if self.model_path is None:
+            return None
+        from dreamzero.checkpoint import detect_layout
+
+        return self.checkpoint_layout or detect_layout(self.model_path)
 
     @property
     def resolved_api_key(self) -> str | None:

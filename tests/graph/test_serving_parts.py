@@ -35,7 +35,7 @@ def test_defaults_are_the_cpu_embedded_model():
     [
         ({"policy": {"num_gpuz": 1}}, "args.policy.num_gpuz: unknown field"),
         ({"pipeline": {"num_inference_step": 4}}, "Did you mean 'num_inference_steps'"),
-        ({"model_path": "/nonexistent/ckpt"}, "is not a directory"),
+        ({"model_path": "/nonexistent/ckpt"}, "args.model_path: '/nonexistent/ckpt' does not exist"),
         ({"device": "cuda"}, "set policy.num_gpus: 1"),
         ({"policy": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}, "raise max_replicas"),
         ({"api_key_env": "DREAMZERO_TEST_UNSET_KEY"}, "export it first"),
@@ -71,11 +71,13 @@ def test_unknown_embodiment_fails_at_build_time():
         build_app({"embodiment": "oxe_droidd"})
 
 
-def test_policy_options_sticky_router_and_autoscaling():
+def test_policy_options_session_router_and_autoscaling():
+    from serve_graph.session_router import SESSION_ROUTER
+
     opts = policy_options(parse_app_args({"policy": {"num_gpus": 1, "autoscaling": {"max_replicas": 4}}}))
     assert opts["ray_actor_options"]["num_gpus"] == 1
     assert opts["autoscaling_config"]["max_replicas"] == 4 and "num_replicas" not in opts
-    assert opts["request_router_config"].request_router_kwargs["num_fallback_replicas"] == 0
+    assert opts["request_router_config"].request_router_class == SESSION_ROUTER
 
 
 # 2. Error table ----------------------------------------------------------------------------------------------------

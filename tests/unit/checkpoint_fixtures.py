@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from pathlib import Path
 
 from dreamzero.config import preset
 
@@ -17,3 +19,30 @@ def tiny_5b_config():
     return dataclasses.replace(
         tiny, name="tiny_5b", dit=dit, vae=vae, pipeline=pipeline, action_horizon=16, embodiment_tag=five.embodiment_tag
     )
+
+
+def write_tiny_layouts(root) -> dict[str, Path]:
+    """The tiny preset's seeded model written in each checkpoint layout under `root`, each with the shipped statistics
+    as experiment_cfg/metadata.json and a tokenizer/ folder: {"hf": dir, "full_weights": file, "diffusers": dir}.
+    The full_weights.pt stores no config: load it with config / checkpoint_config "tiny"."""
+    import torch
+
+    from dreamzero.checkpoint import save_diffusers, save_full_weights, save_model
+    from dreamzero.metadata import default_metadata_path
+    from dreamzero.model.dreamzero import DreamZeroModel
+    from dreamzero.model.tokenizer import build_local_tokenizer
+
+    cfg = preset("tiny")
+    model = DreamZeroModel.from_config(cfg, device="cpu", dtype=torch.float32, seed=3)
+    model.text_encoder.tokenizer = build_local_tokenizer(cfg.text_encoder.vocab_size)
+    root = Path(root)
+    paths = {
+        "hf": save_model(model, root / "hf"),
+        "full_weights": save_full_weights(model, root / "fw" / "full_weights.pt"),
+        "diffusers": save_diffusers(model, root / "diffusers"),
+    }
+    shutil.copytree(paths["hf"] / "tokenizer", root / "fw" / "tokenizer")
+    for folder in (paths["hf"], root / "fw", paths["diffusers"]):
+        (folder / "experiment_cfg").mkdir(exist_ok=True)
+        shutil.copy(default_metadata_path(), folder / "experiment_cfg" / "metadata.json")
+    return paths
