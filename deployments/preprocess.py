@@ -26,6 +26,7 @@ def openpi_key_map(embodiment: Embodiment) -> dict[str, str]:
 class PreprocessDeployment:
     def __init__(self, embodiment: str, metadata_path: str | None = None, model_path: str | None = None):
         self.embodiment = load_embodiment(embodiment, metadata_path, model_path)
+        self.embodiment.warm_up()  # compile the image kernel here, not on the first request
 
     def run(self, request: GenerationRequest) -> tuple[ModelBatch, PostprocessContext]:
         if request.form != "raw":

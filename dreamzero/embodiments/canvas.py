@@ -267,7 +267,7 @@ class CanvasWriter:
             got = np.empty_like(want)
             got_float = np.empty((len(probe), want.shape[1], want.shape[2] * 3), np.float32)
             plan.run(probe, got, 0, 0, 1, self.table, got_float)
-            if np.array_equal(got_float.reshape(want_float.shape), want_float) and np.array_equal(got, want):
+            if np.array_equal(got_float.reshape(want.shape), want_float) and np.array_equal(got, want):
                 return plan
         log.warning("input %sx%s: the one-pass kernel does not reproduce torch's resize here; using CropResize", h, w)
         return None
