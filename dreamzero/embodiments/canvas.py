@@ -14,6 +14,7 @@ without numba go through `CropResize` and are stitched by copy: same bytes, the 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,8 @@ try:  # numba compiles the per-pixel loop; without it every camera takes the tor
 except ImportError:  # pragma: no cover - numba is a dependency; this keeps a broken install serving
     numba = None
 
+#: "0" turns the kernel off (every camera through CropResize + stitch): an A/B switch for benchmarks and a way out
+KERNEL_ENV = "DREAMZERO_IMAGE_KERNEL"
 #: input sizes remembered per writer (clients send one fixed size per camera; more means a misbehaving client)
 MAX_PLANS = 32
 _PROBE_FRAMES = 2
@@ -240,14 +243,14 @@ class CanvasWriter:
         self._plans: dict[tuple[int, int], _Plan | None] = {}
 
     @property
-    def compiled(self) -> bool:
-        return numba is not None
+    def enabled(self) -> bool:
+        return numba is not None and os.environ.get(KERNEL_ENV, "1") != "0"
 
     def plan(self, hw: tuple[int, int]) -> _Plan | None:
         """The one-pass plan for this input size, or None when only the torch path gives `CropResize`'s bytes."""
         if hw in self._plans:
             return self._plans[hw]
-        plan = self._make_plan(hw) if numba is not None else None
+        plan = self._make_plan(hw) if self.enabled else None
         if len(self._plans) >= MAX_PLANS:
             self._plans.pop(next(iter(self._plans)))
         self._plans[hw] = plan
@@ -293,7 +296,7 @@ class CanvasWriter:
 
     def warm_up(self, wire_hw: tuple[int, int] | None = None) -> None:
         """Compile the kernel (writable and read-only inputs) and plan the size clients are told to send."""
-        if numba is None:
+        if not self.enabled:
             return
         hw = tuple(wire_hw) if wire_hw is not None else tuple(self.crop.out_hw)
         frames = np.zeros((1, 1, *hw, 3), np.uint8)

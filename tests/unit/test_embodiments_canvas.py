@@ -101,3 +101,11 @@ def test_a_size_the_kernel_cannot_reproduce_falls_back(monkeypatch):
     assert writer.plan((12, 15)) is None
     want = np.repeat(CropResize(out_hw=(8, 10))(frames[0]), 2, axis=-2)[None]
     np.testing.assert_array_equal(writer.render({"a": frames}), want)
+
+
+def test_the_kernel_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv(canvas_mod.KERNEL_ENV, "0")
+    emb = OxeDroid(droid_metadata())
+    assert emb.canvas_writer.plan((180, 320)) is None
+    views = _views((EXTERIOR_1, EXTERIOR_2, WRIST), (1, 1, 180, 320, 3), seed=3)
+    np.testing.assert_array_equal(emb.render_canvas(views), _old_droid(views))
