@@ -152,4 +152,7 @@ def machine_line() -> str:
     import torch
 
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    return f"{os.cpu_count()} CPU cores (shared), torch threads {torch.get_num_threads()}, run {when}"
+    load = ", ".join(f"{x:.0f}" for x in os.getloadavg())  # other processes' demand: scale wall-clock figures by it
+    return f"{os.cpu_count()} CPU cores (shared, load average {load} at the end), torch threads " + (
+        f"{torch.get_num_threads()}, run {when}"
+    )
