@@ -167,7 +167,8 @@ def report(results: list[dict], proxy_fast_path: bool, haproxy: bool = False) ->
     proxy = front_door(proxy_fast_path, haproxy)
     lines = [
         f"Tiny embedded model (random weights, shipped pipeline defaults), normalised canvas {h}x{w} (the model's "
-        "input size), raw DROID 3x180x320 (HTTP `raw`; `openpi`: the same over the OpenPI WebSocket); shipped replica settings (`serve_graph.builder.REPLICA_ENV`), "
+        "input size), raw DROID 3x180x320 (HTTP `raw`; `openpi`: the same over the OpenPI WebSocket); shipped "
+        "replica settings (`serve_graph.builder.REPLICA_ENV`), "
         f"{proxy}; one session per side, {machine_line()}.",
         "",
         "| form | path | p50 ms | p99 ms |",
