@@ -5,8 +5,8 @@ The bytes are those of `CropResize` + the embodiment's stitch (the training tran
 float arithmetic step for step. Torch's CPU kernel resizes the width first, then the height; each output is
 `w0 x0 + w1 x1 + ...` accumulated left to right in float32, either with fused multiply-adds or with separate
 products, depending on how torch was built for this CPU. So the weights are read out of torch itself (resizing an
-identity matrix gives them exactly), `x / 255` comes from a 256-entry table torch computed, and for every input size
-the first frames decide, on a probe against torch, which accumulation reproduces it bit for bit. A size neither
+identity matrix gives them exactly), `x / 255` comes from a 256-entry table torch computed, and once per input size
+a probe on random frames against torch picks the accumulation that reproduces it bit for bit. A size neither
 reproduces (wide downscales, where torch's loop orders its many taps differently), float frames, or a machine
 without numba go through `CropResize` and are stitched by copy: same bytes, the old speed.
 """
