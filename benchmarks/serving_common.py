@@ -46,8 +46,12 @@ def start_serve(num_cpus: int = 2, proxy_fast_path: bool = False, haproxy: bool 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    except BaseException:  # e.g. "node timed out during startup" on a loaded box: leave no session dir behind
+        stop_serve()
+        raise
     return f"http://127.0.0.1:{port}"
 
 
