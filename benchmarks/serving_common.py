@@ -92,8 +92,9 @@ def stop_serve() -> None:
     import ray
     from ray import serve
 
-    serve.shutdown()
-    ray.shutdown()
+    if ray.is_initialized():
+        serve.shutdown()
+        ray.shutdown()
     if _OWN_TMP.get("dir"):  # Ray's session logs of this run
         os.environ.pop("RAY_TMPDIR", None)
         shutil.rmtree(_OWN_TMP.pop("dir"), ignore_errors=True)
