@@ -46,8 +46,12 @@ def start_serve(num_cpus: int = 2, proxy_fast_path: bool = False, haproxy: bool 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    except BaseException:  # e.g. "node timed out during startup" on a loaded box: leave no session dir behind
+        stop_serve()
+        raise
     return f"http://127.0.0.1:{port}"
 
 
@@ -88,8 +92,9 @@ def stop_serve() -> None:
     import ray
     from ray import serve
 
-    serve.shutdown()
-    ray.shutdown()
+    if ray.is_initialized():
+        serve.shutdown()
+        ray.shutdown()
     if _OWN_TMP.get("dir"):  # Ray's session logs of this run
         os.environ.pop("RAY_TMPDIR", None)
         shutil.rmtree(_OWN_TMP.pop("dir"), ignore_errors=True)
@@ -152,4 +157,7 @@ def machine_line() -> str:
     import torch
 
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    return f"{os.cpu_count()} CPU cores (shared), torch threads {torch.get_num_threads()}, run {when}"
+    load = ", ".join(f"{x:.0f}" for x in os.getloadavg())  # other processes' demand: scale wall-clock figures by it
+    return f"{os.cpu_count()} CPU cores (shared, load average {load} at the end), torch threads " + (
+        f"{torch.get_num_threads()}, run {when}"
+    )

@@ -1,12 +1,15 @@
-"""Serving overhead: the same tiny-model request through HTTP + the Ray Serve graph vs the embedded in-process policy.
+"""Serving overhead: the same tiny-model request through the Ray Serve graph vs the embedded in-process policy.
 
-Both sides run in one process run, interleaved call by call (embedded, served, embedded, ...), each on its own
-session with the identical sequence of inputs (first call 1 frame, then 4-frame stacks), so the model work is the
-same and the difference is what serving adds. The hop-by-hop split comes from the per-stage timings every response
-carries plus the client's wall clock.
+Three served forms, each against its embedded call: `normalised` (HTTP, the model's canvas), `raw` (HTTP, three DROID
+cameras through Preprocess / Postprocess) and `openpi` (the raw DROID observation under OpenPI keys over the OpenPI
+WebSocket, one camera frame stack per message). Both sides run in one process run, interleaved call by call
+(embedded, served, embedded, ...), each on its own session with the identical sequence of inputs (first call 1
+frame, then 4-frame stacks), so the model work is the same and the difference is what serving adds. The hop-by-hop
+split comes from the per-stage timings every response carries plus the client's wall clock.
 
     python benchmarks/serving_overhead.py                      # print
     python benchmarks/serving_overhead.py --write-docs         # also write docs/benchmarks.md "Serving overhead"
+    python benchmarks/serving_overhead.py --forms raw,openpi   # a subset of the forms
 """
 
 from __future__ import annotations
@@ -37,7 +40,18 @@ from serving_common import (  # noqa: E402
     write_section,
 )
 
-from dreamzero_client.wire import codec
+from dreamzero_client.openpi_client import OpenPIClient
+from dreamzero_client.wire import codec, routes
+
+FORMS = ("normalised", "raw", "openpi")
+#: OpenPI wire key of each raw DROID key (the DROID client's names)
+OPENPI_KEYS = {
+    "video.exterior_image_1_left": "observation/exterior_image_0_left",
+    "video.exterior_image_2_left": "observation/exterior_image_1_left",
+    "video.wrist_image_left": "observation/wrist_image_left",
+    "state.joint_position": "observation/joint_position",
+    "state.gripper_position": "observation/gripper_position",
+}
 
 
 def _embedded(form: str):
@@ -70,7 +84,48 @@ def _embedded(form: str):
     return call
 
 
+def _openpi_frame(obs: dict, session_id: str) -> dict:
+    """The raw DROID row as one OpenPI message: no batch dim, [T, H, W, 3] stacks (a 4-stack is used as sent)."""
+    frame = {OPENPI_KEYS[k]: v[0] for k, v in obs.items()}
+    return {**frame, "prompt": "pick up the cup", "session_id": session_id}
+
+
+def run_openpi(base_url: str, n: int, warmup: int) -> dict:
+    """The OpenPI WebSocket against the embedded raw call, interleaved; timings from the reply dict."""
+    embedded = _embedded("raw")
+    walls: dict[str, list[float]] = {"embedded": [], "served": [], "served minus its model call": []}
+    hops: dict[str, list[float]] = {}
+    step = None
+    host, port = base_url.split("//", 1)[1].rsplit(":", 1)
+    with OpenPIClient(host, int(port), path=routes.OPENPI_WS_PATH, timeout_s=300, ping_interval_s=None) as ws:
+        for i in range(warmup + n):
+            obs = droid_observation(1 if i == 0 else 4, seed=i)
+            step, ms = embedded(obs, "emb-openpi", step)
+            frame = _openpi_frame(obs, "srv-openpi")
+            t0 = time.perf_counter()
+            reply = ws.infer(frame)
+            wall = (time.perf_counter() - t0) * 1e3
+            if i < warmup:
+                continue
+            t = reply["timings"]
+            walls["embedded"].append(ms)
+            walls["served"].append(wall)
+            walls["served minus its model call"].append(wall - t["model.model_call"])
+            split = {
+                "client <-> front door <-> ingress (WS, msgpack both ways, frame buffers)": wall - t["graph"],
+                "preprocess hop (incl. transforms)": t.get("preprocess", 0.0),
+                "ingress <-> policy hop (queue, batching wait, transfer)": t["policy"] - t["model.model_call"],
+                "model call on the replica": t["model.model_call"],
+                "postprocess hop (incl. transforms)": t.get("postprocess", 0.0),
+            }
+            for k, v in split.items():
+                hops.setdefault(k, []).append(v)
+    return {"form": "openpi", "n": n, "walls": walls, "hops": hops}
+
+
 def run(form: str, base_url: str, n: int, warmup: int) -> dict:
+    if form == "openpi":
+        return run_openpi(base_url, n, warmup)
     make_obs = normalised_observation if form == "normalised" else droid_observation
     embedded = _embedded(form)
     walls: dict[str, list[float]] = {"embedded": [], "served": [], "served minus its model call": []}
@@ -112,7 +167,8 @@ def report(results: list[dict], proxy_fast_path: bool, haproxy: bool = False) ->
     proxy = front_door(proxy_fast_path, haproxy)
     lines = [
         f"Tiny embedded model (random weights, shipped pipeline defaults), normalised canvas {h}x{w} (the model's "
-        "input size), raw DROID 3x180x320; shipped replica settings (`serve_graph.builder.REPLICA_ENV`), "
+        "input size), raw DROID 3x180x320 (HTTP `raw`; `openpi`: the same over the OpenPI WebSocket); shipped "
+        "replica settings (`serve_graph.builder.REPLICA_ENV`), "
         f"{proxy}; one session per side, {machine_line()}.",
         "",
         "| form | path | p50 ms | p99 ms |",
@@ -150,7 +206,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=30, help="measured calls per side and form")
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--forms", default="normalised,raw", help="comma list of normalised, raw")
+    ap.add_argument("--forms", default=",".join(FORMS), help=f"comma list of {', '.join(FORMS)}")
     ap.add_argument(
         "--proxy-fast-path",
         action="store_true",
@@ -165,10 +221,14 @@ def main(argv=None) -> int:
     # thread (OMP_NUM_THREADS=1). Two threads here would also leave OpenMP workers spinning after each embedded call,
     # on the very cores the next served request needs (on 2 cores that alone added ~5 ms to every served request).
     torch.set_num_threads(1)
+    forms = [f.strip() for f in args.forms.split(",") if f.strip()]
+    unknown = sorted(set(forms) - set(FORMS))
+    if unknown:
+        raise SystemExit(f"--forms: unknown {unknown}; choose from {list(FORMS)}")
     base_url = start_serve(proxy_fast_path=args.proxy_fast_path, haproxy=args.haproxy)
     try:
         deploy(base_url, BASE_ARGS)
-        results = [run(form, base_url, args.requests, args.warmup) for form in args.forms.split(",")]
+        results = [run(form, base_url, args.requests, args.warmup) for form in forms]
     finally:
         stop_serve()
     text = report(results, args.proxy_fast_path, args.haproxy)

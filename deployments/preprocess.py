@@ -27,6 +27,7 @@ def openpi_key_map(embodiment: Embodiment) -> dict[str, str]:
 class PreprocessDeployment:
     def __init__(self, embodiment: str, metadata: dict | None = None):
         self.embodiment = load_embodiment(embodiment, metadata)
+        self.embodiment.warm_up()  # compile the image kernel here, not on the first request
 
     def run(self, request: GenerationRequest) -> tuple[ModelBatch, PostprocessContext]:
         if request.form != "raw":

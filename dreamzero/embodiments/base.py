@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from dreamzero.embodiments.canvas import CanvasWriter, Slot
 from dreamzero.embodiments.observation import (
     ParsedObservation,
     as_array,
@@ -100,6 +101,8 @@ class Embodiment:
     known_widths: ClassVar[dict[str, int]] = {}  # widths fixed by the robot; checked against metadata
     view_hw: ClassVar[tuple[int, int]]  # per-view size after crop + resize
     canvas_hw: ClassVar[tuple[int, int]]  # stitched canvas size
+    # where each view lands on the canvas (the layout `stitch` makes): views go there in one pass, no stitch copy
+    canvas_slots: ClassVar[dict[str, Slot] | None] = None
     crop_scale: ClassVar[float] = 0.95
     prompt_template: ClassVar[PromptTemplate]
     negative_prompt: ClassVar[str] = NEGATIVE_PROMPT
@@ -136,6 +139,8 @@ class Embodiment:
             if not -width <= grip.index < width:
                 raise ConfigError(f"{self.tag}: gripper dim {grip.index} is outside {grip.action_key} ({width} dims)")
         self.crop_resize = CropResize(out_hw=self.view_hw, scale=self.crop_scale)
+        slots = self.canvas_slots
+        self.canvas_writer = CanvasWriter(self.crop_resize, slots, self.canvas_hw) if slots else None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(tag={self.tag!r}, action_dim={self.action_dim}, horizon={self.action_horizon})"
@@ -185,6 +190,23 @@ class Embodiment:
     def stitch(self, views: dict[str, np.ndarray]) -> np.ndarray:
         """Resized views {key: [B, T, h, w, 3]} -> canvas [B, T, *canvas_hw, 3]."""
         raise NotImplementedError
+
+    def render_canvas(self, views: dict[str, np.ndarray]) -> np.ndarray:
+        """Views {key: [B, T, H, W, 3]} -> canvas [B, T, *canvas_hw, 3]: one pass per view into `canvas_slots`,
+        else crop + resize per view and `stitch` (same bytes)."""
+        if self.canvas_writer is not None:
+            return self.canvas_writer.render(views)
+        resized = {}
+        for key, frames in views.items():
+            b, t = frames.shape[:2]
+            flat = self.crop_resize(frames.reshape(b * t, *frames.shape[2:]))  # [B*T, h, w, 3]
+            resized[key] = flat.reshape(b, t, *flat.shape[1:])
+        return self.stitch(resized)
+
+    def warm_up(self) -> None:
+        """Compile the image kernel and plan the wire image size now, not on the first request."""
+        if self.canvas_writer is not None:
+            self.canvas_writer.warm_up(getattr(self, "wire_image_hw", None))
 
     def _is_rollout(self, observation: dict) -> bool:
         """True for an RLinf rollout dict; mixing its keys with any other key is an error."""
@@ -330,12 +352,7 @@ class Embodiment:
         parsed = self.parse_observation(observation, batched)
         b = parsed.batch_size
         # 1. images: per-view crop + resize, then the trained canvas layout
-        resized = {}
-        for key, frames in parsed.views.items():
-            t = frames.shape[1]
-            flat = self.crop_resize(frames.reshape(b * t, *frames.shape[2:]))  # [B*T, h, w, 3]
-            resized[key] = flat.reshape(b, t, *flat.shape[1:])
-        canvas = self.stitch(resized)  # [B, T, *canvas_hw, 3]
+        canvas = self.render_canvas(parsed.views)  # [B, T, *canvas_hw, 3]
         if canvas.shape[2:4] != tuple(self.canvas_hw):
             raise ConfigError(
                 f"{self.tag}: stitch() made a {canvas.shape[2:4]} canvas, canvas_hw says {self.canvas_hw}"

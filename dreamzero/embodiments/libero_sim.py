@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from dreamzero.embodiments.base import Embodiment
+from dreamzero.embodiments.canvas import Slot
 from dreamzero.embodiments.transforms import BinariseGripper, PromptTemplate, stitch_side_by_side
 
 TWO_VIEW_TEMPLATE = PromptTemplate(
@@ -26,6 +27,7 @@ class LiberoSim(Embodiment):
     known_widths = {"state.state": 8, "action.actions": 7}
     view_hw = (256, 256)
     canvas_hw = (256, 512)
+    canvas_slots = {"video.image": Slot(0, 0), "video.wrist_image": Slot(0, 256)}
     wire_image_hw = (256, 256)
     prompt_template = TWO_VIEW_TEMPLATE
     # LIBERO's gripper command is -1 (open) / +1 (close)

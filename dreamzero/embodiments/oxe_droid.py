@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from dreamzero.embodiments.base import Embodiment
+from dreamzero.embodiments.canvas import Slot
 from dreamzero.embodiments.transforms import AddCurrentState, BinariseGripper, PromptTemplate, stitch_droid
 from dreamzero_client.droid import OPENPI_CARTESIAN_KEY, OPENPI_DROID_KEY_MAP
 
@@ -26,6 +27,7 @@ class OxeDroid(Embodiment):
     }  # fmt: skip
     view_hw = (176, 320)
     canvas_hw = (352, 640)
+    canvas_slots = {WRIST: Slot(0, 0, width_repeat=2), EXTERIOR_1: Slot(176, 0), EXTERIOR_2: Slot(176, 320)}
     wire_image_hw = (180, 320)
     prompt_template = PromptTemplate(
         prefix="A multi-view video shows that a robot ",
