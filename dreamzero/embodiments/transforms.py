@@ -41,7 +41,7 @@ class CropResize:
         ch, cw = int(self.scale * h), int(self.scale * w)
         top, left = int(round((h - ch) / 2.0)), int(round((w - cw) / 2.0))
         # crop first, then one copy into planar [N, 3, h, w] before the float conversion: the antialiased resize is
-        # 1.3x (180x320) to 1.8x (720p) faster on CPU in that layout than on the channels-last view, same numbers
+        # faster on CPU in that layout than on the channels-last view, same numbers (docs/benchmarks.md)
         x = x[:, top : top + ch, left : left + cw].permute(0, 3, 1, 2).contiguous()
         x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
         if (ch, cw) != tuple(self.out_hw):

@@ -19,7 +19,7 @@ standard Wan per-channel statistics, `(mu - mean) * (1 / std)`; `decode` inverts
 
 Two speed-ups that leave the numbers alone (to float rounding): the channel RMS norms compute
 `x / max(||x||_2, eps)` with a plain sum of squares instead of `F.normalize` (whose strided reduction over the channel
-axis of a 5-D tensor is ~30x slower on CPU), and on CPU the video enters the encoder channels-last, the layout oneDNN's
+axis of a 5-D tensor is far slower on CPU), and on CPU the video enters the encoder channels-last, the layout oneDNN's
 3-D convolutions are fastest in. Measured in docs/benchmarks.md (VAE section).
 """
 
