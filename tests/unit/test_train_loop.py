@@ -86,3 +86,14 @@ def test_bad_settings_name_the_field(dataset, tmp_path):
         Trainer(_cfg(dataset, tmp_path / "a", dtype="float8"))
     with pytest.raises(ConfigError, match="blocks"):
         Trainer(_cfg(dataset, tmp_path / "b", blocks=9))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_same_loop_runs_on_a_gpu_in_bfloat16(dataset, tmp_path):
+    trainer = Trainer(_cfg(dataset, tmp_path / "gpu", device="cuda", dtype="bfloat16", steps=2, save_every=2))
+    records = trainer.run()
+    assert [r["step"] for r in records] == [1, 2] and all(r["loss"] > 0 for r in records)
+    assert next(trainer.model.model.parameters()).dtype == torch.float32  # autocast only; fp32 master weights
+    resumed = Trainer(_cfg(dataset, tmp_path / "gpu", device="cuda", dtype="bfloat16", steps=3))
+    assert resumed.step == 2
