@@ -1,0 +1,66 @@
+"""`dreamzero-train`: fine-tune a DreamZero checkpoint on a LeRobot v3.0 dataset (see docs/training.md).
+
+    dreamzero-train --dataset demos/ --out runs/tiny --steps 2000          # the embedded tiny model, CPU
+    dreamzero-train --dataset demos/ --out runs/14b --init /ckpt/DreamZero-DROID --device cuda --dtype bfloat16
+
+Running it again with the same --out resumes from `<out>/latest` (weights, optimizer, step, random states).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from dreamzero.train.trainer import DTYPES, TrainConfig, Trainer
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dreamzero-train", description=__doc__.split("\n\n")[0])
+    d = TrainConfig(dataset="", out="")
+    p.add_argument("--dataset", required=True, help="LeRobot v3.0 dataset directory")
+    p.add_argument("--out", required=True, help="run directory (checkpoints, train_log.jsonl); resumed if it has one")
+    p.add_argument("--init", default=None, help="checkpoint to start from (default: the embedded tiny model)")
+    p.add_argument("--embodiment", default=d.embodiment, help="embodiment tag (columns, normalisation, canvas)")
+    p.add_argument("--metadata", default=None, help="metadata.json to normalise with (default: from the dataset)")
+    p.add_argument("--steps", type=int, default=d.steps, help="total optimizer steps")
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--blocks", type=int, default=d.blocks, help="action chunks per training clip")
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--grad-clip", type=float, default=d.grad_clip, help="0 disables clipping")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=d.dtype, help="autocast dtype of the DiT")
+    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--save-every", type=int, default=d.save_every)
+    p.add_argument("--max-episodes", type=int, default=None)
+    p.add_argument("--cpu-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--no-resume", action="store_true", help="start fresh even if --out holds a checkpoint")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    if args.cpu_threads:
+        torch.set_num_threads(args.cpu_threads)
+    cfg = TrainConfig(
+        dataset=args.dataset, out=args.out, init=args.init, embodiment=args.embodiment, metadata=args.metadata,
+        steps=args.steps, batch_size=args.batch_size, blocks=args.blocks, lr=args.lr, weight_decay=args.weight_decay,
+        warmup_steps=args.warmup_steps, grad_clip=args.grad_clip, seed=args.seed, device=args.device,
+        dtype=args.dtype, log_every=args.log_every, save_every=args.save_every, max_episodes=args.max_episodes,
+    )  # fmt: skip
+    trainer = Trainer(cfg, resume=not args.no_resume)
+    records = trainer.run()
+    last = records[-1] if records else {"step": trainer.step}
+    print(json.dumps({"step": trainer.step, "last": last, "out": str(trainer.out)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,161 @@
+"""A scripted pick-and-place expert for the MuJoCo DROID scene 1 (cube -> bowl), for demonstrations.
+
+The expert reads the privileged object poses, plans a tool-centre-point path (above the cube, down, grasp, lift,
+over the bowl, down, release, up) and turns each 15 Hz path point into absolute joint targets with damped
+least-squares inverse kinematics on the scene's own MuJoCo model (so the targets are exact for the simulated arm).
+The gripper points straight down, as at DROID's home pose; the cube is never rotated, so that suffices.
+
+Layouts: `sample_layout` draws the cube and the bowl anywhere in a 0.22 m x 0.50 m patch of the table in front of
+the robot (x 0.40..0.62 m, y -0.25..0.25 m), at least 0.18 m apart; either may be left or right of the other, so a
+policy has to look at the images to know where to go.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mujoco
+import numpy as np
+
+from dreamzero.errors import ConfigError
+from eval.mujoco_droid.scene import HOME_QPOS
+
+#: the table patch objects are drawn from (m, base frame) and their minimum centre distance
+LAYOUT_X = (0.40, 0.62)
+LAYOUT_Y = (-0.25, 0.25)
+MIN_SEPARATION_M = 0.18
+
+_MAX_STEP_M = 0.012  # TCP travel per 15 Hz step (0.18 m/s)
+_GRASP_Z = 0.028  # TCP height at the grasp (the cube's centre is 0.025 m above the table)
+_HOVER_Z = 0.14  # approach height above the cube
+_CARRY_Z = 0.20  # transport height
+_RELEASE_Z = 0.12  # TCP height over the bowl when the gripper opens
+_GRIP_HOLD_STEPS = 8  # steps to wait while the fingers close or open
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where scene 1's cube and bowl start (x, y in the base frame, m)."""
+
+    object_xy: tuple[float, float]
+    target_xy: tuple[float, float]
+
+
+def sample_layout(rng: np.random.Generator) -> Layout:
+    """A random cube / bowl placement within LAYOUT_X x LAYOUT_Y, MIN_SEPARATION_M apart (bounded retries)."""
+    for _ in range(1000):
+        a, b = (rng.uniform((LAYOUT_X[0], LAYOUT_Y[0]), (LAYOUT_X[1], LAYOUT_Y[1])) for _ in range(2))
+        if np.linalg.norm(a - b) >= MIN_SEPARATION_M:
+            return Layout(tuple(float(v) for v in a), tuple(float(v) for v in b))
+    raise RuntimeError("could not place the cube and the bowl apart (the layout ranges are too small)")
+
+
+def reset_with_layout(env, seed: int, layout: Layout) -> dict:
+    """Reset `env` (a MujocoDroidEnv on scene 1) and move the cube and the bowl to `layout`; returns the observation."""
+    if env.scene_id != 1:
+        raise ConfigError(f"scene: the scripted expert does scene 1 (cube -> bowl), got scene {env.scene_id}")
+    env.reset(seed=seed)
+    for name, xy in ((env.scene.object_name, layout.object_xy), (env.scene.target_name, layout.target_xy)):
+        adr = env._free_qpos[name]
+        env.data.qpos[adr : adr + 3] = [xy[0], xy[1], 0.0]
+        env.data.qpos[adr + 3 : adr + 7] = [1.0, 0.0, 0.0, 0.0]
+    mujoco.mj_forward(env.model, env.data)
+    return env._observation()
+
+
+class ArmIK:
+    """Damped least-squares IK for the `tcp` site on a private copy of the scene's data (the sim is never touched)."""
+
+    def __init__(self, model: mujoco.MjModel, arm_qpos_adr: np.ndarray, joint_low, joint_high):
+        self.model = model
+        self.data = mujoco.MjData(model)
+        self.site = model.site("tcp").id
+        self.adr = np.asarray(arm_qpos_adr)
+        self.dofs = np.array([model.jnt_dofadr[model.jnt_qposadr.tolist().index(a)] for a in self.adr])
+        self.low, self.high = np.asarray(joint_low), np.asarray(joint_high)
+        self.data.qpos[self.adr] = HOME_QPOS
+        mujoco.mj_kinematics(model, self.data)
+        self.down = self.data.site_xmat[self.site].reshape(3, 3).copy()  # tool orientation at home: straight down
+
+    def solve(self, target: np.ndarray, q0: np.ndarray, iterations: int = 30, tol_m: float = 1e-4) -> np.ndarray:
+        """Joint positions (7,) that put the TCP at `target` (3,) pointing down, starting from q0."""
+        q = np.array(q0, dtype=np.float64)
+        jp, jr = np.zeros((3, self.model.nv)), np.zeros((3, self.model.nv))
+        for _ in range(iterations):
+            self.data.qpos[self.adr] = q
+            mujoco.mj_kinematics(self.model, self.data)
+            mujoco.mj_comPos(self.model, self.data)
+            pos = self.data.site_xpos[self.site]
+            rot = self.data.site_xmat[self.site].reshape(3, 3)
+            err_p = target - pos
+            # orientation error: axis-angle of down @ rot^T, small-angle form
+            r = self.down @ rot.T
+            err_r = 0.5 * np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1]])
+            if np.linalg.norm(err_p) < tol_m and np.linalg.norm(err_r) < 1e-3:
+                break
+            mujoco.mj_jacSite(self.model, self.data, jp, jr, self.site)
+            jac = np.vstack([jp[:, self.dofs], jr[:, self.dofs]])  # [6, 7]
+            err = np.concatenate([err_p, err_r])
+            lam = 1e-4
+            dq = jac.T @ np.linalg.solve(jac @ jac.T + lam * np.eye(6), err)
+            # null space: drift towards the home posture so the elbow stays up
+            null = np.eye(7) - np.linalg.pinv(jac) @ jac
+            dq += null @ (0.1 * (HOME_QPOS - q))
+            q = np.clip(q + dq, self.low, self.high)
+        return q
+
+
+class ScriptedExpert:
+    """Plans one episode from the object poses at reset; `act()` returns the next 15 Hz action (8,)."""
+
+    def __init__(self, env):
+        self.env = env
+        self.ik = ArmIK(env.model, env._arm_qpos, env.joint_low, env.joint_high)
+        self._plan: list[tuple[np.ndarray, float]] = []
+        self._i = 0
+        self._q = HOME_QPOS.copy()
+
+    def reset(self) -> None:
+        """Plan from the current object positions (call after the env reset)."""
+        poses = self.env.object_poses()
+        cube = poses[self.env.scene.object_name][:3]
+        bowl = poses[self.env.scene.target_name][:3]
+        start = self.env.tcp_position()
+        above_cube = np.array([cube[0], cube[1], _HOVER_Z])
+        grasp = np.array([cube[0], cube[1], _GRASP_Z])
+        lift = np.array([cube[0], cube[1], _CARRY_Z])
+        over_bowl = np.array([bowl[0], bowl[1], _CARRY_Z])
+        release = np.array([bowl[0], bowl[1], _RELEASE_Z])
+        plan: list[tuple[np.ndarray, float]] = []
+        for a, b, grip in (
+            (start, above_cube, 0.0),
+            (above_cube, grasp, 0.0),
+            (grasp, grasp, 1.0),
+            (grasp, lift, 1.0),
+            (lift, over_bowl, 1.0),
+            (over_bowl, release, 1.0),
+            (release, release, 0.0),
+            (release, over_bowl, 0.0),
+        ):
+            if np.array_equal(a, b):
+                plan += [(b.copy(), grip)] * _GRIP_HOLD_STEPS
+            else:
+                n = max(2, int(np.ceil(np.linalg.norm(b - a) / _MAX_STEP_M)))
+                plan += [(a + (b - a) * (k / n), grip) for k in range(1, n + 1)]
+        self._plan, self._i = plan, 0
+        self._q = self.env.data.qpos[self.env._arm_qpos].copy()
+
+    @property
+    def done(self) -> bool:
+        return self._i >= len(self._plan)
+
+    @property
+    def planned_steps(self) -> int:
+        return len(self._plan)
+
+    def act(self) -> np.ndarray:
+        """Next action: 7 absolute joint targets + gripper (1 closed); holds the last point once the plan is done."""
+        target, grip = self._plan[min(self._i, len(self._plan) - 1)]
+        self._i += 1
+        self._q = self.ik.solve(target, self._q)
+        return np.append(self._q, grip).astype(np.float32)

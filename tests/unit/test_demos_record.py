@@ -1,0 +1,104 @@
+"""Scripted demonstrations of MuJoCo DROID scene 1: the expert's IK and layouts, and the recorded LeRobot v3.0 dataset
+(read back by our LeRobot reader, the metadata generator and the DROID embodiment)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+pytest.importorskip("mujoco")
+pytest.importorskip("franky_sim")
+pytest.importorskip("imageio_ffmpeg")
+
+from dreamzero.embodiments import get_embodiment  # noqa: E402
+from dreamzero.lerobot_dataset import LeRobotDataset, get_preset  # noqa: E402
+from dreamzero.metadata_cli import compute_metadata, main  # noqa: E402
+from dreamzero.train.data import read_video  # noqa: E402
+from eval.mujoco_droid.expert import LAYOUT_X, LAYOUT_Y, MIN_SEPARATION_M, sample_layout  # noqa: E402
+from eval.mujoco_droid.record import VIDEO_FEATURES, record_demos  # noqa: E402
+
+HW = (64, 112)
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demos") / "scene1"
+    summary = record_demos(root, num_episodes=2, seed=0, image_size=HW, render_quality="fast")
+    return root, summary
+
+
+def test_layouts_cover_the_patch_and_keep_objects_apart():
+    rng = np.random.default_rng(0)
+    layouts = [sample_layout(rng) for _ in range(300)]
+    pts = np.array([[*lay.object_xy, *lay.target_xy] for lay in layouts])
+    for cols in ((0, 1), (2, 3)):
+        xy = pts[:, cols]
+        assert (xy[:, 0] >= LAYOUT_X[0]).all() and (xy[:, 0] <= LAYOUT_X[1]).all()
+        assert (xy[:, 1] >= LAYOUT_Y[0]).all() and (xy[:, 1] <= LAYOUT_Y[1]).all()
+    assert (np.linalg.norm(pts[:, :2] - pts[:, 2:], axis=1) >= MIN_SEPARATION_M).all()
+    # the cube is sometimes left and sometimes right of the bowl: the images are needed to know which
+    left = pts[:, 1] > pts[:, 3]
+    assert 0.3 < left.mean() < 0.7
+
+
+def test_expert_succeeds_and_dataset_is_written(demos):
+    root, summary = demos
+    assert summary["episodes"] == 2 and summary["attempts"] == 2, summary  # both expert attempts put the cube in
+    info = json.loads((root / "meta" / "info.json").read_text())
+    assert info["codebase_version"] == "v3.0" and info["fps"] == 15 and info["total_episodes"] == 2
+    data = pq.read_table(root / "data" / "chunk-000" / "file-000.parquet")
+    assert data.num_rows == info["total_frames"] == summary["frames"]
+    episodes = pq.read_table(root / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pylist()
+    assert [e["episode_index"] for e in episodes] == [0, 1]
+    assert sum(e["length"] for e in episodes) == data.num_rows
+    assert episodes[1]["dataset_from_index"] == episodes[0]["length"]
+    tasks = pq.read_table(root / "meta" / "tasks.parquet").to_pylist()
+    assert tasks == [{"task_index": 0, "task": "put the cube in the bowl"}]
+    for key in VIDEO_FEATURES.values():
+        assert info["features"][key]["shape"] == [*HW, 3]
+        for e in episodes:
+            path = root / info["video_path"].format(
+                video_key=key, chunk_index=e[f"videos/{key}/chunk_index"], file_index=e[f"videos/{key}/file_index"]
+            )
+            frames = read_video(path)
+            assert frames.shape == (e["length"], *HW, 3)
+            assert frames.std() > 5  # a rendered scene, not a blank
+    # the gripper closes during the episode and opens again before the end
+    state = np.array(data.column("observation.state").to_pylist())
+    action = np.array(data.column("action").to_pylist())
+    assert action[:, 7].max() == 1.0 and action[-1, 7] == 0.0
+    assert state[:, 7].max() > 0.1  # the fingers stop on the cube: partly closed
+
+
+def test_stats_json_matches_the_frames(demos):
+    root, _ = demos
+    stats = json.loads((root / "meta" / "stats.json").read_text())
+    data = pq.read_table(root / "data" / "chunk-000" / "file-000.parquet")
+    for key in ("observation.state", "action"):
+        x = np.array(data.column(key).to_pylist(), np.float64)
+        np.testing.assert_allclose(stats[key]["mean"], x.mean(0), atol=1e-5)
+        np.testing.assert_allclose(stats[key]["std"], x.std(0), atol=1e-5)
+        np.testing.assert_allclose(stats[key]["min"], x.min(0), atol=1e-6)
+        np.testing.assert_allclose(stats[key]["max"], x.max(0), atol=1e-6)
+        assert stats[key]["count"] == [len(x)]
+    assert np.array(stats[VIDEO_FEATURES["wrist_image_left"]]["mean"]).shape == (3, 1, 1)
+
+
+def test_metadata_generator_reads_the_demos(demos, tmp_path):
+    root, _ = demos
+    dataset = LeRobotDataset(root)
+    assert dataset.major == 3 and dataset.episode_indices == [0, 1]
+    meta = compute_metadata(dataset, get_preset("oxe_droid"), progress=False)["oxe_droid"]
+    stats = meta["statistics"]
+    assert len(stats["state"]["joint_position"]["mean"]) == 7
+    assert len(stats["action"]["gripper_position"]["q99"]) == 1
+    assert meta["modalities"]["action"]["joint_position"]["absolute"] is False  # relative deltas, as DROID
+    assert meta["modalities"]["video"]["wrist_image_left"]["resolution"] == [HW[1], HW[0]]
+    # the embodiment accepts these statistics, and so does the command line
+    get_embodiment("oxe_droid", {"oxe_droid": meta})
+    out = tmp_path / "metadata.json"
+    assert main(["generate", str(root), "--preset", "oxe_droid", "-o", str(out), "--no-progress"]) == 0
+    assert json.loads(out.read_text())["oxe_droid"]["statistics"] == json.loads(json.dumps(stats))

@@ -1,0 +1,99 @@
+"""`dreamzero-train` on the tiny preset: the loss on a fixed batch falls, checkpoints load and resume continues."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("imageio_ffmpeg")
+
+from dreamzero.checkpoint import load_model  # noqa: E402
+from dreamzero.errors import ConfigError  # noqa: E402
+from dreamzero.train.cli import main  # noqa: E402
+from dreamzero.train.objective import encode_clips  # noqa: E402
+from dreamzero.train.trainer import LATEST_FILE, LOG_FILE, STATE_FILE, TrainConfig, Trainer  # noqa: E402
+from tests.unit.train_fixtures import write_synthetic_dataset  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_synthetic_dataset(tmp_path_factory.mktemp("train_loop") / "ds", length=60)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the tiny model is latency bound; extra threads only contend
+    yield
+    torch.set_num_threads(before)
+
+
+def _cfg(dataset, out, **kw) -> TrainConfig:
+    base = dict(dataset=str(dataset), out=str(out), steps=4, batch_size=2, blocks=2, lr=1e-3, warmup_steps=0)
+    return TrainConfig(**(base | kw))
+
+
+def test_loss_falls_on_a_fixed_batch(dataset, tmp_path):
+    trainer = Trainer(_cfg(dataset, tmp_path / "run"))
+    batch = encode_clips(trainer.model, trainer.sampler.sample(2))
+    assert batch.block_latents.shape[:2] == (2, 2) and batch.y.shape[2] == 5  # anchor + 2 blocks of 2 latents
+    before = trainer.evaluate(batch, seed=7)
+    for _ in range(8):
+        record = trainer.train_step(batch)
+        assert record["grad_norm"] > 0
+    after = trainer.evaluate(batch, seed=7)
+    assert after["loss"] < 0.8 * before["loss"], (before, after)
+    assert after["action_loss"] < before["action_loss"] and after["video_loss"] < before["video_loss"]
+    # only the DiT trains: the frozen encoders are untouched and have no gradients
+    assert all(p.grad is None for p in trainer.model.text_encoder.parameters())
+    assert all(p.grad is None for p in trainer.model.vae.parameters())
+
+
+def test_checkpoints_load_and_resume_continues(dataset, tmp_path):
+    out = tmp_path / "run"
+    first = Trainer(_cfg(dataset, out, steps=2, save_every=2))
+    first.run()
+    ckpt = out / (out / LATEST_FILE).read_text().strip()
+    assert ckpt.name == "checkpoint-0000002" and (ckpt / STATE_FILE).is_file()
+    assert json.loads((ckpt / "experiment_cfg" / "metadata.json").read_text())["oxe_droid"]["statistics"]
+    loaded = load_model(ckpt, device="cpu")
+    for (name, p), q in zip(first.model.model.named_parameters(), loaded.model.parameters()):
+        torch.testing.assert_close(p, q, msg=name)
+
+    second = Trainer(_cfg(dataset, out, steps=3, save_every=10))
+    assert second.step == 2
+    saved = torch.load(ckpt / STATE_FILE, weights_only=False)["optimizer"]["state"]
+    resumed = second.optimizer.state_dict()["state"]
+    torch.testing.assert_close(resumed[0]["exp_avg"], saved[0]["exp_avg"])
+    second.run()
+    assert second.step == 3 and (out / "checkpoint-0000003").is_dir()
+    steps = [json.loads(line)["step"] for line in (out / LOG_FILE).read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+
+def test_cli_runs_and_reports(dataset, tmp_path, capsys):
+    out = tmp_path / "cli"
+    args = ["--dataset", str(dataset), "--out", str(out), "--steps", "1", "--batch-size", "1", "--blocks", "1"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["step"] == 1 and report["last"]["loss"] > 0
+
+
+def test_bad_settings_name_the_field(dataset, tmp_path):
+    with pytest.raises(ConfigError, match="dtype"):
+        Trainer(_cfg(dataset, tmp_path / "a", dtype="float8"))
+    with pytest.raises(ConfigError, match="blocks"):
+        Trainer(_cfg(dataset, tmp_path / "b", blocks=9))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_same_loop_runs_on_a_gpu_in_bfloat16(dataset, tmp_path):
+    trainer = Trainer(_cfg(dataset, tmp_path / "gpu", device="cuda", dtype="bfloat16", steps=2, save_every=2))
+    records = trainer.run()
+    assert [r["step"] for r in records] == [1, 2] and all(r["loss"] > 0 for r in records)
+    assert next(trainer.model.model.parameters()).dtype == torch.float32  # autocast only; fp32 master weights
+    resumed = Trainer(_cfg(dataset, tmp_path / "gpu", device="cuda", dtype="bfloat16", steps=3))
+    assert resumed.step == 2
