@@ -27,10 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling helper module
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from serving_common import machine_line, normalised_observation, write_section  # noqa: E402
+from serving_common import machine_line, normalised_observation, write_section
 
-from dreamzero.pipeline import DreamZeroPipeline  # noqa: E402
-from dreamzero.types import ModelBatch  # noqa: E402
+from dreamzero.pipeline import DreamZeroPipeline
+from dreamzero.types import ModelBatch
 
 SESSIONS = 8
 POSITIONS = 4  # distinct frame positions among the sessions (DROID's window holds 4 chunks)

@@ -34,14 +34,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import httpx  # noqa: E402
-import numpy as np  # noqa: E402
-from hypothesis import given, settings  # noqa: E402
-from websockets.exceptions import ConnectionClosed  # noqa: E402
-from websockets.sync.client import connect  # noqa: E402
+import httpx
+import numpy as np
+from hypothesis import given, settings
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
-from dreamzero_client.wire import codec, generations, openpi, routes  # noqa: E402
-from tests.unit import fuzz_targets as ft  # noqa: E402
+from dreamzero_client.wire import codec, generations, openpi, routes
+from tests.unit import fuzz_targets as ft
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 CALL_TIMEOUT_S = 120.0

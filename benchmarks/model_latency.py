@@ -30,11 +30,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dreamzero.config import PipelineConfig, preset  # noqa: E402
-from dreamzero.device import select_device  # noqa: E402
-from dreamzero.pipeline import DreamZeroPipeline, apply_overrides  # noqa: E402
-from dreamzero.sessions import SessionStore  # noqa: E402
-from dreamzero.types import ModelBatch  # noqa: E402
+from dreamzero.config import PipelineConfig, preset
+from dreamzero.device import select_device
+from dreamzero.pipeline import DreamZeroPipeline, apply_overrides
+from dreamzero.sessions import SessionStore
+from dreamzero.types import ModelBatch
 
 # canvas sent per preset (the model may resize it in-model, see PipelineConfig.model_input_hw)
 CANVAS = {"tiny": (32, 64), "droid_14b": (352, 640), "libero_5b": (256, 512)}

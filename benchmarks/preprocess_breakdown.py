@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling helper module
-from serving_common import droid_observation, machine_line, percentile, request_body, write_section  # noqa: E402
+from serving_common import droid_observation, machine_line, percentile, request_body, write_section
 
-from dreamzero_client.wire import codec, generations  # noqa: E402
+from dreamzero_client.wire import codec, generations
 
 
 def _clock(fn: Callable[[], object]) -> tuple[float, float]:

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling helper module
-from serving_common import (  # noqa: E402
+from serving_common import (
     BASE_ARGS,
     GEN,
     MSGPACK,

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling helper module
-from serving_common import (  # noqa: E402
+from serving_common import (
     BASE_ARGS,
     GEN,
     MSGPACK,

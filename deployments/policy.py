@@ -104,7 +104,7 @@ def _replica_name() -> str | None:
     """This replica's id, or None outside a Serve replica (in-process use, local testing mode)."""
     try:
         return serve.get_replica_context().replica_id.unique_id
-    except Exception:
+    except Exception:  # noqa: BLE001 - Serve raises different errors outside a replica, by version and mode
         return None
 
 

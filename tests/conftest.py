@@ -20,7 +20,7 @@ def _has_cuda() -> bool:
         import torch
 
         return torch.cuda.is_available()
-    except Exception:  # torch missing or broken: no GPU tests either way
+    except Exception:  # noqa: BLE001 - torch missing or broken: no GPU tests either way
         return False
 
 

@@ -79,7 +79,7 @@ class OpenPILink:
         if client is not None:
             try:
                 client.close()
-            except Exception:  # closing a dead socket may raise; the connection is gone either way
+            except Exception:  # noqa: BLE001 - closing a dead socket may raise; the connection is gone anyway
                 pass
 
     def message(self, query: Query) -> dict:

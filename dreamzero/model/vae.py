@@ -37,7 +37,7 @@ try:  # diffusers' private norm class: swapped for the faster one below when it 
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanRMS_norm as _WanRMSNorm
 except ImportError:  # pragma: no cover - another diffusers layout: keep its own (slower, same numbers)
     _WanRMSNorm = None
-from diffusers.models.autoencoders.autoencoder_kl_wan import patchify as _patchify  # noqa: E402 - Wan 2.2's 2x2 input
+from diffusers.models.autoencoders.autoencoder_kl_wan import patchify as _patchify
 
 # Standard per-channel latent statistics of the Wan 2.1 VAE (z=16) and the Wan 2.2 VAE (z=48).
 WAN21_LATENT_MEAN = (

@@ -11,13 +11,13 @@ import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-import gymnasium as gym  # noqa: E402
-import mujoco  # noqa: E402
-import numpy as np  # noqa: E402
+import gymnasium as gym
+import mujoco
+import numpy as np
 
-from dreamzero.errors import ConfigError  # noqa: E402
-from eval.env_contract import IMAGE_KEYS  # noqa: E402
-from eval.mujoco_droid.scene import (  # noqa: E402
+from dreamzero.errors import ConfigError
+from eval.env_contract import IMAGE_KEYS
+from eval.mujoco_droid.scene import (
     ARM_JOINTS,
     CONTROL_HZ,
     FINGER_JOINTS,
@@ -27,7 +27,7 @@ from eval.mujoco_droid.scene import (  # noqa: E402
     build_scene,
     scene_spec,
 )
-from eval.success import placed_in  # noqa: E402
+from eval.success import placed_in
 
 RENDER_QUALITIES = ("quality", "fast")
 #: our camera names, in the order of IMAGE_KEYS

@@ -24,7 +24,7 @@ import pytest
 
 from tests.franka_support import FakeOpenPIServer
 
-franky = pytest.importorskip("franky", reason="franky-control is not installed (pip install 'dreamzero-serve[dev]')")
+franky = pytest.importorskip("franky", reason="franky-control is not installed (./scripts/install.sh installs it)")
 
 SIM = shutil.which("franky-sim") or str(Path(sys.executable).parent / "franky-sim")
 pytestmark = [

@@ -13,12 +13,12 @@ pytest.importorskip("mujoco")
 pytest.importorskip("franky_sim")
 pytest.importorskip("imageio_ffmpeg")
 
-from dreamzero.embodiments import get_embodiment  # noqa: E402
-from dreamzero.lerobot_dataset import LeRobotDataset, get_preset  # noqa: E402
-from dreamzero.metadata_cli import compute_metadata, main  # noqa: E402
-from dreamzero.train.data import read_video  # noqa: E402
-from eval.mujoco_droid.expert import LAYOUT_X, LAYOUT_Y, MIN_SEPARATION_M, sample_layout  # noqa: E402
-from eval.mujoco_droid.record import VIDEO_FEATURES, record_demos  # noqa: E402
+from dreamzero.embodiments import get_embodiment
+from dreamzero.lerobot_dataset import LeRobotDataset, get_preset
+from dreamzero.metadata_cli import compute_metadata, main
+from dreamzero.train.data import read_video
+from eval.mujoco_droid.expert import LAYOUT_X, LAYOUT_Y, MIN_SEPARATION_M, sample_layout
+from eval.mujoco_droid.record import VIDEO_FEATURES, record_demos
 
 HW = (64, 112)
 

@@ -25,7 +25,7 @@ from eval.libero.env import TaskInfo
 from eval.libero.runner import LiberoEvalConfig, plan_episodes, run_libero_evaluation
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from libero_fakes import MARKER, FakeBackend, raw_image  # noqa: E402
+from libero_fakes import MARKER, FakeBackend, raw_image
 
 FORK = "fork"  # fast worker start in tests; one test covers the default (spawn)
 

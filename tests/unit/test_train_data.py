@@ -8,13 +8,13 @@ import torch
 
 pytest.importorskip("imageio_ffmpeg")
 
-from dreamzero.embodiments import get_embodiment  # noqa: E402
-from dreamzero.embodiments.base import PostprocessContext  # noqa: E402
-from dreamzero.lerobot_dataset import LeRobotDataset, get_preset  # noqa: E402
-from dreamzero.metadata_cli import compute_metadata  # noqa: E402
-from dreamzero.train.data import ClipSampler, load_episodes, make_clip  # noqa: E402
-from dreamzero.train.schedule import TrainingSchedule  # noqa: E402
-from tests.unit.train_fixtures import TASK, write_synthetic_dataset  # noqa: E402
+from dreamzero.embodiments import get_embodiment
+from dreamzero.embodiments.base import PostprocessContext
+from dreamzero.lerobot_dataset import LeRobotDataset, get_preset
+from dreamzero.metadata_cli import compute_metadata
+from dreamzero.train.data import ClipSampler, load_episodes, make_clip
+from dreamzero.train.schedule import TrainingSchedule
+from tests.unit.train_fixtures import TASK, write_synthetic_dataset
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ import torch
 
 pytest.importorskip("imageio_ffmpeg")
 
-from dreamzero.checkpoint import load_model  # noqa: E402
-from dreamzero.errors import ConfigError  # noqa: E402
-from dreamzero.train.cli import main  # noqa: E402
-from dreamzero.train.objective import encode_clips  # noqa: E402
-from dreamzero.train.trainer import LATEST_FILE, LOG_FILE, STATE_FILE, TrainConfig, Trainer  # noqa: E402
-from tests.unit.train_fixtures import write_synthetic_dataset  # noqa: E402
+from dreamzero.checkpoint import load_model
+from dreamzero.errors import ConfigError
+from dreamzero.train.cli import main
+from dreamzero.train.objective import encode_clips
+from dreamzero.train.trainer import LATEST_FILE, LOG_FILE, STATE_FILE, TrainConfig, Trainer
+from tests.unit.train_fixtures import write_synthetic_dataset
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """Franka FR3 / Panda through franky-control 2.0 (bundles libfranka 0.21; FR3 server protocol 10).
 
-Install: `pip install 'dreamzero-serve[franka]'` (or `pip install franky-control`). franky is imported only when a
+Install: `pip install 'dreamzero-client[franka]'` (or `pip install franky-control`). franky is imported only when a
 device connects, so everything else in this package works without it.
 
 How the arm is driven:
@@ -29,7 +29,7 @@ from dreamzero_client.franka.contracts import NUM_JOINTS, ArmState, DeviceError,
 from dreamzero_client.franka.pnp.cartesian import CartesianRobot, franky_external_wrench
 from dreamzero_client.franka.safety import FR3_JOINT_LOWER, FR3_JOINT_UPPER
 
-INSTALL_HINT = "pip install 'dreamzero-serve[franka]'  (or: pip install 'franky-control>=2.0')"
+INSTALL_HINT = "pip install 'dreamzero-client[franka]'  (or: pip install 'franky-control>=2.0')"
 
 
 def import_franky():
@@ -95,7 +95,7 @@ class FrankyRobot(Robot):
         try:
             self.hold()
             self._robot.join_motion(2.0)
-        except Exception:  # disconnecting anyway; the arm's own controller holds when no motion runs
+        except Exception:  # noqa: BLE001 - disconnecting anyway; the arm's controller holds when no motion runs
             pass
         self._robot = None
 
@@ -242,7 +242,7 @@ class FrankyGripper(Gripper):
                 else:
                     self._gripper.move(self._max_width, cfg.gripper_speed_m_s)
                 error = None
-            except Exception as exc:  # reported to the loop by the next send / open
+            except Exception as exc:  # noqa: BLE001 - reported to the loop by the next send / open
                 error = f"gripper {'grasp' if closed else 'open'} failed: {type(exc).__name__}: {exc}"
             with self._cond:
                 self._busy, self._done, self._error = False, closed, error

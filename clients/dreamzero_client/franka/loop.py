@@ -426,7 +426,7 @@ class EpisodeRunner:
         if future is not None:
             try:
                 future.result(timeout=self.config.chunk_wait_s)
-            except Exception as exc:  # its result belongs to an episode that is over
+            except Exception as exc:  # noqa: BLE001 - its result belongs to an episode that is over
                 logger.info("discarded the in-flight query of the finished episode: %s", exc)
 
     # 4. a whole deployment session ----------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Intel RealSense colour cameras through pyrealsense2 (imported lazily; `pip install 'dreamzero-serve[franka]'`).
+"""Intel RealSense colour cameras through pyrealsense2 (imported lazily; `pip install 'dreamzero-client[franka]'`).
 
 The colour stream is opened as bgr8 (what most RealSense setups use) and converted to RGB here, so the rest of the
 client only ever sees RGB. Each camera is selected by serial number (`rs-enumerate-devices` lists them).
@@ -11,7 +11,7 @@ import numpy as np
 from dreamzero_client.errors import ConfigError, MissingDependency
 from dreamzero_client.franka.contracts import Camera, DeviceError
 
-INSTALL_HINT = "pip install 'dreamzero-serve[franka]'  (or: pip install pyrealsense2)"
+INSTALL_HINT = "pip install 'dreamzero-client[franka]'  (or: pip install pyrealsense2)"
 
 
 def import_pyrealsense2():
