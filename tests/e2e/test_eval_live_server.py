@@ -8,97 +8,23 @@ The server is started once for the module on a free loopback port, in its own pr
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
 
-import httpx
 import pytest
-import yaml
 
 from dreamzero_client.links import OpenPILink
 from dreamzero_client.policy import DroidPolicy
 from eval.cli import main
 from eval.mujoco_droid import MujocoDroidEnv
 from eval.runner import EvalConfig, run_evaluation
+from tests.e2e.serve_process import ServeRun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-
-ROOT = Path(__file__).resolve().parents[2]
-READY_TIMEOUT_S = 300.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LiveServer:
-    def __init__(self, tmp: Path):
-        cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-        self.port = _free_port()
-        cfg.setdefault("http_options", {}).update({"host": "127.0.0.1", "port": self.port})
-        config_path = tmp / "serve_config.yaml"
-        config_path.write_text(yaml.safe_dump(cfg))
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": tempfile.mkdtemp(prefix="rayeval", dir="/tmp")}
-        self.log_path = tmp / "serve.log"
-        self._log = open(self.log_path, "wb")
-        serve_bin = Path(sys.executable).with_name("serve")
-        self.proc = subprocess.Popen(
-            [str(serve_bin), "run", str(config_path)],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"serve run exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=3.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(2.0)
-        pytest.fail(f"server not ready after {READY_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
-
-    def log_tail(self) -> str:
-        return self.log_path.read_bytes()[-4000:].decode("utf-8", "replace")
-
-    def stop(self) -> None:
-        """SIGINT (serve run shuts the app and Ray down), then SIGKILL whatever is left of the process group."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=10)
-        self._log.close()
 
 
 @pytest.fixture(scope="module")
 def live_server(tmp_path_factory):
-    server = LiveServer(tmp_path_factory.mktemp("serve"))
-    try:
-        server.wait_ready()
+    with ServeRun(tmp_path_factory.mktemp("serve")) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_short_run_against_the_live_server(live_server, tmp_path):

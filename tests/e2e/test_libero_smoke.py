@@ -13,18 +13,11 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import tempfile
-import time
 from pathlib import Path
 
-import httpx
 import pytest
-import yaml
+
+from tests.e2e.serve_process import ServeRun
 
 pytestmark = [
     pytest.mark.e2e,
@@ -36,8 +29,6 @@ pytestmark = [
     ),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
-READY_TIMEOUT_S = 300.0
 CHUNK = 16
 
 
@@ -70,65 +61,6 @@ def build_tiny_libero_model(path: str | Path) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LiberoServer:
-    """`serve run` of the shipped config with the tiny libero model, in its own process group."""
-
-    def __init__(self, tmp: Path, model_path: Path):
-        cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-        self.port = _free_port()
-        cfg.setdefault("http_options", {}).update({"host": "127.0.0.1", "port": self.port})
-        cfg["applications"][0]["args"].update({"model_path": str(model_path), "embodiment": "libero_sim"})
-        config_path = tmp / "serve_config.yaml"
-        config_path.write_text(yaml.safe_dump(cfg))
-        env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": tempfile.mkdtemp(prefix="raylib", dir="/tmp")}
-        self.log_path = tmp / "serve.log"
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("serve")), "run", str(config_path)],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"serve run exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=3.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(2.0)
-        pytest.fail(f"server not ready after {READY_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
-
-    def log_tail(self) -> str:
-        return self.log_path.read_bytes()[-4000:].decode("utf-8", "replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=10)
-        self._log.close()
-
-
 @pytest.fixture(scope="module")
 def libero_model(tmp_path_factory) -> Path:
     return build_tiny_libero_model(tmp_path_factory.mktemp("tiny-libero"))
@@ -136,12 +68,9 @@ def libero_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def live_server(tmp_path_factory, libero_model):
-    server = LiberoServer(tmp_path_factory.mktemp("serve"), libero_model)
-    try:
-        server.wait_ready()
+    args = {"model_path": str(libero_model), "embodiment": "libero_sim"}
+    with ServeRun(tmp_path_factory.mktemp("serve"), args=args) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _run(server, out: Path, *extra: str) -> dict:
