@@ -10,6 +10,8 @@ Memory is admitted per request before requests are merged (dreamzero.sessions, d
 a request whose sessions do not fit the byte budget gets CapacityError (503 + Retry-After) alone; batches are bounded
 in session rows (`max_batch_rows`) and a request larger than a batch or than `rows_per_request` gets 413.
 """
+# Longer than ~400 lines on purpose: admission, batch merge/split and routing stats share the replica state of one
+# deployment class.
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 Field names of `DiTConfig` follow the upstream `CausalWanModel` constructor (so a release `config.json`'s
 `action_head_cfg.config.diffusion_model_cfg` maps onto it 1:1); fields we added are marked "(ours)".
 """
+# Longer than ~400 lines on purpose: the config dataclasses, the presets and the release config.json mapping must
+# agree field by field.
 
 from __future__ import annotations
 

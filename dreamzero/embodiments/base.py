@@ -4,6 +4,8 @@ A robot is a subclass that declares its keys, view size, canvas layout, prompt t
 attributes and implements `stitch`; the statistics come from metadata.json. Everything the class does is composed
 from the transforms in `transforms.py`. See docs/embodiments.md ("Adding a robot").
 """
+# Longer than ~400 lines on purpose: the base class is the whole transform contract every robot inherits (preprocess,
+# postprocess, action codec, canvas slots); one place to read it.
 
 from __future__ import annotations
 

@@ -9,6 +9,8 @@ hung env (each step bounded by `step_timeout_s`) fails its own episode and its w
 failed or not, is written to `episodes/<name>.json`; the run ends with `summary.json` / `summary.md` (the DROID
 eval's summary, tasks in place of scenes) and optionally `report.html`.
 """
+# Longer than ~400 lines on purpose: the lock-step loop over B environments, its per-slot bookkeeping and the records
+# it writes change together.
 
 from __future__ import annotations
 

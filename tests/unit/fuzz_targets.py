@@ -10,6 +10,8 @@ dims, hand-made NumPy markers (consistent or not), then optionally damaged bytes
 A target returns ``"accepted"`` or ``"rejected"`` (a `DreamZeroError`: the project's typed errors); any other
 exception is a crash, and an `AssertionError` is a broken invariant.
 """
+# Longer than ~400 lines on purpose: the strategies are shared by every fuzz target, the CI tests and
+# benchmarks/fuzz.py.
 
 from __future__ import annotations
 

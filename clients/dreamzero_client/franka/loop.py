@@ -14,6 +14,8 @@ Per episode:
 4. the episode ends after `max_steps`, on an operator label / abort / quit, on Ctrl+C (aborted), or as failed with
    its reason (server lost, too many rejected chunks, a device fault). The arm holds on every way out.
 """
+# Longer than ~400 lines on purpose: one control tick (observe, query / prefetch / RTC, safety filter, command, log)
+# must read top to bottom in one file.
 
 from __future__ import annotations
 
