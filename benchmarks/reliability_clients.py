@@ -44,10 +44,10 @@ def openpi_observation(session: str, seed: int = 0) -> dict:
 
 
 def error_label(exc: BaseException) -> str:
-    """`ServerUnavailableError(503)`, `ServerUnavailableError(connection)`, `PolicyServerError(not_ready)`, ..."""
+    """`ServerUnavailableError(503)`, `ServerUnavailableError(timeout)`, `PolicyServerError(503)`, ..."""
     detail = getattr(exc, "status", None) or getattr(exc, "code", None)
     if detail is None and type(exc).__name__ == "ServerUnavailableError":
-        detail = "connection"
+        detail = "timeout" if "Timeout" in str(exc) else "connection"  # httpx's ReadTimeout, ConnectTimeout, ...
     return f"{type(exc).__name__}({detail})" if detail is not None else type(exc).__name__
 
 
@@ -80,6 +80,7 @@ class Worker:
     episode_steps: int | None = None
     pause_s: float = 0.0
     http_retries: int = 3
+    connections: int = 0  # WebSocket connections opened (the first and every reconnect)
     ledger: ContinuityLedger = field(default_factory=ContinuityLedger)
     records: list[CallRecord] = field(default_factory=list)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -159,6 +160,7 @@ class Worker:
                 if self.pause_s:
                     time.sleep(self.pause_s)
         finally:
+            self.connections = connection
             if client is not None:
                 client.close()
 

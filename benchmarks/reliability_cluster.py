@@ -222,6 +222,24 @@ class Cluster:
                     out[f"{label}/{child.pid}"] = rss
         return out
 
+    def policy_stats(self, replicas: int, timeout_s: float = 60.0) -> dict[str, dict]:
+        """Every Policy replica's session-store stats (live, bytes, evictions, ...), by replica id.
+
+        Calls the deployment's `stats` through a Serve handle with probe routing keys (the Policy routes by key on a
+        hash ring) until `replicas` distinct replicas answered or `timeout_s` passed.
+        """
+        from ray import serve
+
+        handle = serve.get_deployment_handle("Policy", APP)
+        out: dict[str, dict] = {}
+        deadline = time.monotonic() + timeout_s
+        key = 0
+        while len(out) < replicas and time.monotonic() < deadline and key < 1000:
+            stats = handle.options(session_id=f"probe-{key}").stats.remote().result(timeout_s=30)
+            out[str(stats.get("replica"))] = stats
+            key += 1
+        return out
+
     # 3. Metrics --------------------------------------------------------------------------------------------------
 
     def metric_sum(self, metric: str, labels: dict[str, str] | None = None) -> float | None:

@@ -38,6 +38,7 @@ RETRYABLE_ERRORS = frozenset(
         "ServerUnavailableError(502)",
         "ServerUnavailableError(504)",
         "ServerUnavailableError(connection)",
+        "ServerUnavailableError(timeout)",
         "ReplyTimeout",
         "PolicyServerError(503)",
     }

@@ -145,6 +145,9 @@ def test_error_labels_and_which_are_retryable():
 
     assert error_label(ServerUnavailableError("x", attempts=1, status=503)) == "ServerUnavailableError(503)"
     assert error_label(ServerUnavailableError("x", attempts=1)) == "ServerUnavailableError(connection)"
+    timed_out = ServerUnavailableError("POST ... failed after 1 attempts; last: ReadTimeout: timed out", attempts=1)
+    assert error_label(timed_out) == "ServerUnavailableError(timeout)"
+    assert is_retryable("ServerUnavailableError(timeout)")
     assert error_label(PolicyServerError("x", status=503, code="no_capacity")) == "PolicyServerError(503)"
     assert is_retryable("ServerUnavailableError(503)") and is_retryable("ServerUnavailableError(connection)")
     assert is_retryable("PolicyServerError(503)")
