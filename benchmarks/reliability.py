@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import socket
 import sys
 import threading
@@ -465,5 +466,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # `timeout` / `kill` send SIGTERM: unwind through `with Cluster` so Serve, Ray and their processes go too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     threading.excepthook = lambda hook: logging.error("thread %s: %r", hook.thread, hook.exc_value)
     sys.exit(main())
