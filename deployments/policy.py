@@ -370,6 +370,10 @@ class PolicyDeployment:
         return len(session_ids)
 
     # --- introspection ----------------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """This replica's session store: live sessions, bytes held and reserved, budget, evictions, restarts."""
+        return {"replica": self.replica, **self.pipeline.stats()}
+
     async def record_routing_stats(self) -> dict:
         """The routing keys of the sessions this replica holds, for SessionRouter (polled by Serve's controller).
 
