@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling helper modules
-from reliability_stats import (  # noqa: E402
+from reliability_stats import (
     SCENARIOS,
     is_retryable,
     latency_summary,

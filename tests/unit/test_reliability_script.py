@@ -9,9 +9,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))  # the script's sibling modules
 
-import reliability  # noqa: E402
-from reliability_clients import error_label  # noqa: E402
-from reliability_stats import (  # noqa: E402
+import reliability
+from reliability_clients import error_label
+from reliability_stats import (
     SCENARIOS,
     ContinuityLedger,
     is_retryable,
