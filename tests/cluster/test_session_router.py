@@ -226,7 +226,7 @@ def test_both_ingress_replicas_route_a_session_to_the_same_policy_replica(robots
     served = {sid: {rep for s, _, rep in robots.log[start:] if s == sid} for sid in everyone}
     assert all(len(reps) == 1 for reps in served.values()), served
     assert robots.restarts(start) == Counter()
-    assert len(_ingress_replicas_that_served()) == 2
+    assert len(_ingress_replicas_that_served()) >= 2  # both took calls (a replaced ingress adds a third id)
 
 
 def _ingress_replicas_that_served(timeout_s: float = 30.0) -> set[str]:

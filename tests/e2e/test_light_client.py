@@ -25,22 +25,25 @@ CLIENT_SCRIPT = textwrap.dedent(
 
     url = sys.argv[1]
     rng = np.random.default_rng(0)
-    img = lambda: rng.integers(0, 256, (1, 180, 320, 3), dtype=np.uint8)
-    obs = {
-        "video.exterior_image_1_left": img(),
-        "video.exterior_image_2_left": img(),
-        "video.wrist_image_left": img(),
-        "state.joint_position": rng.uniform(-1, 1, (1, 7)).astype(np.float32),
-        "state.gripper_position": np.zeros((1, 1), np.float32),
-    }
+    img = lambda t=1: rng.integers(0, 256, (1, t, 180, 320, 3), dtype=np.uint8)
+
+    def obs(t):  # a session's first call sends 1 frame, later calls a 4-frame stack (1 frame would restart it)
+        return {
+            "video.exterior_image_1_left": img(t),
+            "video.exterior_image_2_left": img(t),
+            "video.wrist_image_left": img(t),
+            "state.joint_position": rng.uniform(-1, 1, (1, 7)).astype(np.float32),
+            "state.gripper_position": np.zeros((1, 1), np.float32),
+        }
+
     with ActionClient(url, timeout_s=300, max_retries=2) as client:
-        steps = [client.generate(obs, "pick up the cup", "venv-http").sessions[0]["step"] for _ in range(2)]
+        steps = [client.generate(obs(t), "pick up the cup", "venv-http").sessions[0]["step"] for t in (1, 4)]
     assert steps == [1, 2], steps
     with OpenPIClient(url.replace("http://", "ws://") + "/v1/realtime/robot/openpi", timeout_s=300) as ws:
         frame = {
-            "observation/exterior_image_0_left": img()[0],
-            "observation/exterior_image_1_left": img()[0],
-            "observation/wrist_image_left": img()[0],
+            "observation/exterior_image_0_left": img()[0, 0],
+            "observation/exterior_image_1_left": img()[0, 0],
+            "observation/wrist_image_left": img()[0, 0],
             "observation/joint_position": np.zeros(7, np.float32),
             "observation/gripper_position": np.zeros(1, np.float32),
             "prompt": "pick up the cup",

@@ -27,8 +27,10 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
+from dreamzero_client import droid
 from dreamzero_client.errors import DreamZeroError
 from dreamzero_client.franka import safety
+from dreamzero_client.policy import validate_chunk
 from dreamzero_client.wire import codec, generations, openpi
 
 # 1. Profiles ---------------------------------------------------------------------------------------------------------
@@ -545,7 +547,7 @@ def chunks(draw) -> Any:
         return np.zeros(shape, np.float32)
     if pick == 2:  # a wrong dtype
         dtype = draw(st.sampled_from([object, np.complex64, "<U3", bool]))
-        return np.zeros((4, safety.ACTION_DIM), dtype=dtype)
+        return np.zeros((4, droid.ACTION_DIM), dtype=dtype)
     h = draw(st.integers(1, 30))
     base = np.array(DROID_HOME_8, np.float64) + draw(st.floats(-0.5, 0.5))
     rows = np.tile(base, (h, 1))
@@ -581,10 +583,10 @@ def run_safety(example: tuple[safety.SafetyConfig, Any, np.ndarray, bool]) -> st
     cfg, chunk, measured, tracks = example
     filt = safety.SafetyFilter(cfg)
     try:
-        actions = safety.validate_chunk(chunk)
+        actions = validate_chunk(chunk)
     except DreamZeroError:
         return "rejected"
-    assert actions.dtype == np.float64 and actions.shape[1] == safety.ACTION_DIM and np.isfinite(actions).all()
+    assert actions.dtype == np.float64 and actions.shape[1] == droid.ACTION_DIM and np.isfinite(actions).all()
     arm = measured.copy()
     ref = measured.copy()
     for row in actions:
@@ -596,7 +598,7 @@ def run_safety(example: tuple[safety.SafetyConfig, Any, np.ndarray, bool]) -> st
         inside = (ref >= cfg.lower) & (ref <= cfg.upper)
         assert np.all((cmd[inside] >= cfg.lower[inside] - eps) & (cmd[inside] <= cfg.upper[inside] + eps))
         assert filt.workspace_violation(cmd) <= filt.workspace_violation(ref) + 1e-6
-        assert isinstance(safety.binarize_gripper(row[7], cfg.gripper_threshold), bool)
+        assert droid.binarize_gripper(row[7], cfg.gripper_threshold) in (0.0, 1.0)
         ref = cmd
         arm = cmd if tracks else cmd + 1e-4  # a real arm lags a little; the filter steps from its last command
     return "accepted"
