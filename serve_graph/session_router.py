@@ -50,6 +50,11 @@ STATS_SESSIONS = "sessions"
 #: in which only the placing router knows where a new session lives.
 ROUTING_STATS_PERIOD_S = 1.0
 ROUTING_STATS_TIMEOUT_S = 10.0
+#: how long a router trusts its own placement of a key no replica reports yet. Long on purpose: a report can lag far
+#: behind a placement on a loaded controller, and trusting a placement too long costs nothing (a replica that died
+#: is never chosen; one that lost the state restarts the session, flagged), while forgetting it too early moves a
+#: live session. A report of the key replaces the memo at once.
+PLACEMENT_TTL_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -181,18 +186,18 @@ class HeldKeys:
 class SessionRouter(ConsistentHashRouter):
     """Ray Serve request router for the Policy deployment (see the module docstring).
 
-    kwargs (`request_router_kwargs`): `placement_ttl_s` (default 3 stats periods plus the stats timeout),
+    kwargs (`request_router_kwargs`): `placement_ttl_s` (default `PLACEMENT_TTL_S`),
     `load_slack` (default 1 session).
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._memo = PlacementMemo(3 * ROUTING_STATS_PERIOD_S + ROUTING_STATS_TIMEOUT_S)
+        self._memo = PlacementMemo(PLACEMENT_TTL_S)
         self._load_slack = 1
         self._views: dict[str, ReplicaView] = {}
 
     def initialize_state(self, **kwargs) -> None:
-        ttl = kwargs.get("placement_ttl_s", 3 * ROUTING_STATS_PERIOD_S + ROUTING_STATS_TIMEOUT_S)
+        ttl = kwargs.get("placement_ttl_s", PLACEMENT_TTL_S)
         slack = kwargs.get("load_slack", 1)
         if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or ttl <= 0:
             raise ValueError(f"placement_ttl_s must be a positive number of seconds, got {ttl!r}")
