@@ -64,15 +64,17 @@ class ReplicaView:
     replica_id: str
     keys: frozenset[str] = frozenset()
     sessions: int = 0
+    reported: bool = True  # False until the controller delivered this replica's first report (it just joined)
 
 
 def replica_view(replica_id: str, stats: Mapping | None) -> ReplicaView:
     """A replica's report as a view; a missing or malformed report counts as an empty replica."""
+    reported = isinstance(stats, Mapping) and STATS_KEYS in stats
     stats = stats if isinstance(stats, Mapping) else {}
     keys = stats.get(STATS_KEYS) or ()
     sessions = stats.get(STATS_SESSIONS)
     keys = frozenset(str(k) for k in keys) if isinstance(keys, (list, tuple, set, frozenset)) else frozenset()
-    return ReplicaView(replica_id, keys, int(sessions) if isinstance(sessions, int) else len(keys))
+    return ReplicaView(replica_id, keys, int(sessions) if isinstance(sessions, int) else len(keys), reported)
 
 
 def rendezvous_score(key: str, replica_id: str) -> int:
@@ -99,6 +101,9 @@ def choose_replica(
         return max(holders, key=lambda r: rendezvous_score(key, r.replica_id)).replica_id
     if placed is not None and any(r.replica_id == placed for r in views):
         return placed
+    # a replica that joined since the last reports gets new sessions only once it reported: until then the routers
+    # could disagree on a session placed just before it joined (one router remembers, another recomputes)
+    views = [r for r in views if r.reported] or views
     least = min(r.sessions for r in views)
     eligible = [r for r in views if r.sessions <= least + load_slack]
     return max(eligible, key=lambda r: rendezvous_score(key, r.replica_id)).replica_id
@@ -222,7 +227,7 @@ class SessionRouter(ConsistentHashRouter):
             return [candidate_replicas]
         pending_request.routing_context.should_backoff = True
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        views = [self._views.get(rid, ReplicaView(rid)) for rid in by_id]
+        views = [self._views.get(rid, ReplicaView(rid, reported=False)) for rid in by_id]
         chosen = choose_replica(key, views, self._memo.get(key), self._load_slack)
         if chosen is None:
             return []

@@ -104,7 +104,7 @@ def test_memo_expires_and_is_bounded():
 
 def test_replica_view_reads_reports_defensively():
     assert replica_view("r", {STATS_KEYS: ["a", "b"], STATS_SESSIONS: 3}) == ReplicaView("r", frozenset({"a", "b"}), 3)
-    assert replica_view("r", None) == ReplicaView("r")
+    assert replica_view("r", None) == ReplicaView("r", reported=False)  # joined, not polled yet
     assert replica_view("r", {STATS_KEYS: "not-a-list"}) == ReplicaView("r")
 
 
@@ -218,3 +218,10 @@ def test_policy_generate_routes_by_the_key_and_carries_it_in_the_batch():
     batch = _batch(["s1", "s2"])
     assert policy_generate(Handle(), "env-0", batch) == "response"
     assert calls == [("env-0", "env-0")]  # the replica reports the very key the router placed
+
+
+def test_a_replica_that_has_not_reported_yet_gets_no_new_session():
+    held = {"r0": {"a"}, "r1": {"b"}}
+    views = [*_views(2, held), ReplicaView("r2", reported=False)]  # r2 just joined: every router sees it unreported
+    assert {choose_replica(f"new-{i}", views) for i in range(20)} <= {"r0", "r1"}
+    assert choose_replica("x", [ReplicaView("r0", reported=False)]) == "r0"  # at start nobody reported yet
