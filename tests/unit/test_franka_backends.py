@@ -24,7 +24,7 @@ def test_missing_hardware_libraries_say_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "franky", None)  # makes `import franky` raise ImportError
     monkeypatch.setitem(sys.modules, "pyrealsense2", None)
     robot = franky_backend.FrankyRobot(franky_backend.FrankyConfig("172.16.0.2"))
-    with pytest.raises(MissingDependency, match=r"franky-control.*dreamzero-serve\[franka\]"):
+    with pytest.raises(MissingDependency, match=r"franky-control.*dreamzero-client\[franka\]"):
         robot.connect()
     with pytest.raises(MissingDependency, match="pyrealsense2"):
         realsense.RealSenseCamera("wrist", "123").connect()
