@@ -10,6 +10,11 @@ split comes from the per-stage timings every response carries plus the client's 
     python benchmarks/serving_overhead.py                      # print
     python benchmarks/serving_overhead.py --write-docs         # also write docs/benchmarks.md "Serving overhead"
     python benchmarks/serving_overhead.py --forms raw,openpi   # a subset of the forms
+
+The raw forms run twice in the same run: with the shipped stage placement (`preprocess.placement: auto`, so these
+requests are transformed in the ingress; postprocess in the ingress) and with both stages on their replicas
+(`placement: replicas`, the hop each way), rows `raw [replicas]` and `openpi [replicas]`; `--placements auto` skips
+the second deployment.
 """
 
 from __future__ import annotations
@@ -44,6 +49,11 @@ from dreamzero_client.openpi_client import OpenPIClient
 from dreamzero_client.wire import codec, routes
 
 FORMS = ("normalised", "raw", "openpi")
+#: app args per stage placement (docs/serving.md, "Where the raw-form stages run"); only raw forms depend on it
+PLACEMENTS = {
+    "auto": {},
+    "replicas": {"preprocess": {"placement": "replicas"}, "postprocess": {"placement": "replicas"}},
+}
 #: OpenPI wire key of each raw DROID key (the DROID client's names)
 OPENPI_KEYS = {
     "video.exterior_image_1_left": "observation/exterior_image_0_left",
@@ -213,6 +223,11 @@ def main(argv=None) -> int:
         help="start Ray with RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=0, as a user starts `serve run` (docs/serving.md)",
     )
     ap.add_argument("--haproxy", action="store_true", help="start Ray with RAY_SERVE_ENABLE_HA_PROXY=1 (HAProxy front)")
+    ap.add_argument(
+        "--placements",
+        default=",".join(PLACEMENTS),
+        help="stage placements to measure the raw forms with: auto (shipped), replicas (both stages on replicas)",
+    )
     ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the section into this file")
     args = ap.parse_args(argv)
     import torch
@@ -225,10 +240,26 @@ def main(argv=None) -> int:
     unknown = sorted(set(forms) - set(FORMS))
     if unknown:
         raise SystemExit(f"--forms: unknown {unknown}; choose from {list(FORMS)}")
+    placements = [p.strip() for p in args.placements.split(",") if p.strip()]
+    if not placements or set(placements) - set(PLACEMENTS):
+        raise SystemExit(f"--placements: choose from {list(PLACEMENTS)}")
     base_url = start_serve(proxy_fast_path=args.proxy_fast_path, haproxy=args.haproxy)
+    results = []
     try:
-        deploy(base_url, BASE_ARGS)
-        results = [run(form, base_url, args.requests, args.warmup) for form in forms]
+        for placement in placements:
+            todo = forms if placement == "auto" else [f for f in forms if f != "normalised"]
+            if not todo:
+                continue
+            if results:  # the previous app answers /health until it is gone
+                from ray import serve
+
+                serve.delete("bench")
+            deploy(base_url, {**BASE_ARGS, **PLACEMENTS[placement]})
+            for form in todo:
+                result = run(form, base_url, args.requests, args.warmup)
+                if placement != "auto":
+                    result["form"] = f"{form} [{placement}]"
+                results.append(result)
     finally:
         stop_serve()
     text = report(results, args.proxy_fast_path, args.haproxy)

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI, Request
 
-from deployments.calls import bounded, over_grpc
+from deployments.calls import Transport, arrays_bytes, bounded, over_grpc
 from deployments.http_app import build_fastapi_app
 from deployments.openpi_ws import OpenPISocketServer
 from deployments.preprocess import load_embodiment, openpi_key_map
+from deployments.stages import RawStages
 from dreamzero.errors import NotReady, PayloadTooLarge
 from dreamzero.types import ModelBatch
 from dreamzero_client.wire import codec, generations, openpi, replies, routes
@@ -49,9 +50,11 @@ class IngressDeployment:
         opens the checkpoint (its args come without model_path)."""
         self.cfg = parse_app_args(args)
         self.preprocess, self.policy, self.postprocess = (over_grpc(h) for h in (preprocess, policy, postprocess))
+        self.policy_transport = Transport(policy)  # generate calls pick their transport by the batch's size
         self.embodiment = load_embodiment(self.cfg.embodiment, metadata)
         self.api_key = self.cfg.resolved_api_key
         self.metrics = serving_metrics()
+        self.stages = RawStages(self.embodiment, Transport(preprocess), self.postprocess, self.cfg, self.metrics)
         self._policy_info: dict | None = None
         self.openpi = OpenPISocketServer(
             run_graph=self.run_graph,
@@ -74,17 +77,18 @@ class IngressDeployment:
         t0 = time.perf_counter()
         ctx = None
         if req.form == "raw":
-            batch, ctx = await bounded(self.preprocess.run.remote(req), timeout)
+            batch, ctx = await bounded(self.stages.preprocess(req), timeout)
             timings["preprocess"] = (time.perf_counter() - t0) * 1000.0
         else:
             batch = ModelBatch.from_normalised(req)
         t1 = time.perf_counter()
-        out = await bounded(policy_generate(self.policy, req.route_key, batch), timeout)
+        policy = self.policy_transport.pick(arrays_bytes(batch))
+        out = await bounded(policy_generate(policy, req.route_key, batch), timeout)
         timings["policy"] = (time.perf_counter() - t1) * 1000.0
         actions = out.result.actions
         if req.form == "raw":
             t2 = time.perf_counter()
-            actions = await bounded(self.postprocess.run.remote(actions, ctx), timeout)
+            actions = await bounded(self.stages.postprocess(actions, ctx), timeout)
             timings["postprocess"] = (time.perf_counter() - t2) * 1000.0
         timings["graph"] = (time.perf_counter() - t0) * 1000.0
         timings.update({f"model.{k}": float(v) for k, v in out.result.timings_ms.items()})

@@ -24,35 +24,40 @@ def openpi_key_map(embodiment: Embodiment) -> dict[str, str]:
     return dict(getattr(embodiment, "openpi_key_map", None) or OPENPI_DROID_KEY_MAP)
 
 
+def preprocess_request(embodiment: Embodiment, request: GenerationRequest) -> tuple[ModelBatch, PostprocessContext]:
+    """A raw request -> (the policy's ModelBatch, what postprocess needs); where it runs: deployments/stages.py."""
+    if request.form != "raw":
+        raise InvalidRequest("preprocess handles the raw form only; normalised requests go to the policy")
+    # JSON pixel lists (int64) are accepted by the embodiment's own image parser
+    inputs, context = embodiment.preprocess(request.observation, list(request.prompts), batched=True)
+    if len(inputs) != request.batch_size:
+        raise InvalidRequest(
+            f"input.observation holds {len(inputs)} rows but parameters.session_ids has {request.batch_size}"
+        )
+    batch = inputs.to_model_batch(
+        request.session_ids,
+        list(request.reset_mask),
+        request.expected_steps,
+        request.seeds,
+        expected_incarnations=request.expected_incarnations,  # else a stale state with a matching step is reused
+        rtc_prefix_len=request.rtc_prefix_len,
+        rtc_exec_horizon=request.rtc_exec_horizon,
+        action_prefix=request.action_prefix,  # robot units; the batch's action codec brings them to the model's
+    )
+    if request.negative_prompts is not None:
+        batch.negative_prompts = list(request.negative_prompts)
+    # with the step, the incarnation tells stale state of the same step (left on a replica) from the client's
+    batch.expected_incarnations = request.expected_incarnations
+    return batch, context
+
+
 class PreprocessDeployment:
     def __init__(self, embodiment: str, metadata: dict | None = None):
         self.embodiment = load_embodiment(embodiment, metadata)
         self.embodiment.warm_up()  # compile the image kernel here, not on the first request
 
     def run(self, request: GenerationRequest) -> tuple[ModelBatch, PostprocessContext]:
-        if request.form != "raw":
-            raise InvalidRequest("preprocess handles the raw form only; normalised requests go to the policy")
-        # JSON pixel lists (int64) are accepted by the embodiment's own image parser
-        inputs, context = self.embodiment.preprocess(request.observation, list(request.prompts), batched=True)
-        if len(inputs) != request.batch_size:
-            raise InvalidRequest(
-                f"input.observation holds {len(inputs)} rows but parameters.session_ids has {request.batch_size}"
-            )
-        batch = inputs.to_model_batch(
-            request.session_ids,
-            list(request.reset_mask),
-            request.expected_steps,
-            request.seeds,
-            expected_incarnations=request.expected_incarnations,  # else a stale state with a matching step is reused
-            rtc_prefix_len=request.rtc_prefix_len,
-            rtc_exec_horizon=request.rtc_exec_horizon,
-            action_prefix=request.action_prefix,  # robot units; the batch's action codec brings them to the model's
-        )
-        if request.negative_prompts is not None:
-            batch.negative_prompts = list(request.negative_prompts)
-        # with the step, the incarnation tells stale state of the same step (left on a replica) from the client's
-        batch.expected_incarnations = request.expected_incarnations
-        return batch, context
+        return preprocess_request(self.embodiment, request)
 
     def ready(self) -> bool:
         return True

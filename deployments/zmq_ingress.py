@@ -23,8 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from deployments.calls import Transport, arrays_bytes, over_grpc
 from deployments.ingress import IngressDeployment
 from deployments.preprocess import load_embodiment
+from deployments.stages import RawStages
 from dreamzero.errors import CapacityError, InvalidRequest, PayloadTooLarge, Unauthorized
 from dreamzero_client.wire import generations, rldx
 from serve_graph.config import AppArgs, parse_app_args
@@ -51,14 +53,6 @@ def client_namespace(identity: bytes) -> str:
 
 def model_session_id(client: str, session_id: str) -> str:
     return f"{ZMQ_SESSION_PREFIX}-{client}:{session_id}"
-
-
-def _graph_handle(handle: Any) -> Any:
-    """The handle over Serve's gRPC transport, as the HTTP ingress uses it (local testing handles have no option)."""
-    try:
-        return handle.options(_by_reference=False)
-    except (TypeError, AttributeError):
-        return handle
 
 
 def _sticky(handle: Any, method: str, key: str, *args: Any) -> Any:
@@ -91,10 +85,12 @@ class ZmqDoor:
         if cfg.zmq is None:
             raise InvalidRequest("the ZMQ door needs `zmq:` in the app args")
         self.cfg, self.zcfg = cfg, cfg.zmq
-        self.preprocess, self.policy, self.postprocess = (_graph_handle(h) for h in (preprocess, policy, postprocess))
+        self.preprocess, self.policy, self.postprocess = (over_grpc(h) for h in (preprocess, policy, postprocess))
         self.embodiment = load_embodiment(cfg.embodiment, metadata)  # statistics read once by build_app
         self.api_key = cfg.resolved_api_key
         self.metrics = serving_metrics()
+        self.policy_transport = Transport(policy)
+        self.stages = RawStages(self.embodiment, Transport(preprocess), self.postprocess, cfg, self.metrics)
         # client -> {client's session id: routing key of the request that used it}
         self.sessions: OrderedDict[str, dict[str, str]] = OrderedDict()
         self.in_flight = 0
@@ -187,13 +183,14 @@ class ZmqDoor:
         )
         self._remember(client, opts.session_ids, gen.route_key)
         timings: dict[str, float] = {}
-        batch, ctx = await calls(self.preprocess.run.remote(gen))
+        batch, ctx = await calls(self.stages.preprocess(gen))
         t1 = time.perf_counter()
         timings["preprocess"] = (t1 - t0) * 1000.0
-        out = await calls(policy_generate(self.policy, gen.route_key, batch))
+        policy = self.policy_transport.pick(arrays_bytes(batch))
+        out = await calls(policy_generate(policy, gen.route_key, batch))
         t2 = time.perf_counter()
         timings["policy"] = (t2 - t1) * 1000.0
-        actions = await calls(self.postprocess.run.remote(out.result.actions, ctx))
+        actions = await calls(self.stages.postprocess(out.result.actions, ctx))
         timings["postprocess"] = (time.perf_counter() - t2) * 1000.0
         timings.update({f"model.{k}": float(v) for k, v in out.result.timings_ms.items()})
         self.metrics.observe_stages(timings)

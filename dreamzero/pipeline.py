@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
@@ -652,9 +653,12 @@ class DreamZeroPipeline:
     def _model_frames(self, images: np.ndarray) -> torch.Tensor:
         """uint8 [B, T, H, W, 3] -> [B, T, 3, H', W'] in [-1, 1] at the model's input size (bilinear resize)."""
         images = np.ascontiguousarray(images)
-        if not images.flags.writeable:  # decoded wire arrays are read-only views; torch wants writable memory
-            images = images.copy()
-        x = torch.from_numpy(images).to(self.device)
+        with warnings.catch_warnings():
+            # read-only arrays (decoded wire bytes, Ray's object store) are only read: `.float()` below makes new
+            # memory before anything could write, so no copy is taken here
+            warnings.simplefilter("ignore", UserWarning)
+            x = torch.from_numpy(images)
+        x = x.to(self.device)
         b, t, h, w, _ = x.shape
         x = x.permute(0, 1, 4, 2, 3).reshape(b * t, 3, h, w).float() / 127.5 - 1.0
         hw = self.config.model_input_hw

@@ -66,6 +66,48 @@ class CpuStageArgs(_Strict):
     )
 
 
+class PreprocessArgs(CpuStageArgs):
+    """The Preprocess stage: its replicas, and where a raw request's transforms run."""
+
+    placement: Literal["auto", "ingress", "replicas"] = Field(
+        "auto",
+        description="Where a raw request's transforms run: `replicas` (always the Preprocess deployment, one hop "
+        "each way), `ingress` (in the front door's process, on its worker threads, no hop), or `auto`: in the front "
+        "door when the request's arrays hold at most `ingress_max_bytes`, else on the replicas (docs/serving.md).",
+    )
+    ingress_max_bytes: int | str = Field(
+        8 * MIB,
+        description="With placement auto: the largest request (bytes of its arrays, a count or a size like "
+        "'8MiB') whose transforms run in the front door; larger ones (720p cameras, many rows) go to the replicas.",
+    )
+    ingress_threads: int = Field(
+        2, ge=1, description="Worker threads of each front-door replica for transforms it runs itself."
+    )
+
+    @field_validator("ingress_max_bytes")
+    @classmethod
+    def _size(cls, v: int | str) -> int:
+        from dreamzero.device import parse_bytes
+
+        try:
+            n = parse_bytes(v, field="preprocess.ingress_max_bytes")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+        if not isinstance(n, int):
+            raise ValueError(f"{v!r}: give a size in bytes, e.g. 8MiB (use placement: replicas to never run here)")
+        return n
+
+
+class PostprocessArgs(CpuStageArgs):
+    """The Postprocess stage: its replicas, and where a raw request's actions are converted."""
+
+    placement: Literal["ingress", "replicas"] = Field(
+        "ingress",
+        description="Where robot actions are made from the model's chunk: `ingress` (in the front door's process; "
+        "microseconds of numpy on [B, H, 32]) or `replicas` (the Postprocess deployment, one hop each way).",
+    )
+
+
 class ReplayArgs(_Strict):
     """Serve a LeRobot episode's recorded actions instead of a model (debug the wire and the robot loop, no weights)."""
 
@@ -252,8 +294,12 @@ class AppArgs(_Strict):
         None, description="Name of an environment variable holding the API key (wins over `api_key`)."
     )
     ingress: CpuStageArgs = Field(default_factory=CpuStageArgs, description="Ingress replicas (never load the model).")
-    preprocess: CpuStageArgs = Field(default_factory=CpuStageArgs, description="Preprocess (CPU) replicas.")
-    postprocess: CpuStageArgs = Field(default_factory=CpuStageArgs, description="Postprocess (CPU) replicas.")
+    preprocess: PreprocessArgs = Field(
+        default_factory=PreprocessArgs, description="Preprocess (CPU) replicas and where transforms run."
+    )
+    postprocess: PostprocessArgs = Field(
+        default_factory=PostprocessArgs, description="Postprocess (CPU) replicas and where actions are made."
+    )
     policy: PolicyArgs = Field(default_factory=PolicyArgs, description="Policy (model) replicas.")
     sessions: SessionArgs = Field(default_factory=SessionArgs, description="Session store bounds.")
     batching: BatchingArgs = Field(default_factory=BatchingArgs, description="Dynamic batching.")

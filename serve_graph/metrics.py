@@ -52,6 +52,12 @@ class ServingMetrics:
             description="Requests merged into one dynamic batch.",
             boundaries=BATCH_BOUNDARIES,
         )
+        self.raw_stage_runs = Counter(
+            "dreamzero_raw_stage_runs_total",
+            description="Raw-form preprocess / postprocess runs, by where they ran: `ingress` (the front door's "
+            "process) or `replicas` (their own deployment); see preprocess.placement.",
+            tag_keys=("stage", "where"),
+        )
         self.ws_connections = Gauge("dreamzero_ws_connections", description="Open OpenPI WebSocket connections.")
         self.session_bytes = Gauge(
             "dreamzero_session_bytes",

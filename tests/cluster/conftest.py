@@ -116,6 +116,8 @@ FRONT_DOOR_ARGS = {
     **BASE_ARGS,
     "api_key": API_KEY,
     "http": {"max_body_bytes": 8 * 1024 * 1024, "ws_max_message_bytes": 2 * 1024 * 1024, "ws_idle_timeout_s": 4.0},
+    # usual raw requests are transformed in the ingress, a large one takes the Preprocess replicas: both paths run
+    "preprocess": {"ingress_max_bytes": "4MiB"},
 }
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 

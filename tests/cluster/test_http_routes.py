@@ -60,13 +60,33 @@ def test_raw_form_droid(http, front_door):
 
 
 def test_large_raw_request_crosses_the_replicas(http, front_door):
-    """A raw body of several MB (3 robots x 4 frames x 3 cameras) passes ingress -> preprocess -> policy: Serve's
-    gRPC transport between replicas caps messages at 4 MB unless the builder raises it (REPLICA_ENV)."""
+    """A raw request over `preprocess.ingress_max_bytes` (3 robots x 4 frames x 3 cameras, ~6 MB; the front-door app
+    sets 4 MiB) goes ingress -> Preprocess replica -> policy by reference, and a small one is transformed in the
+    ingress; both answer, and the counter says where each ran."""
     body = raw_body([f"big-{i}" for i in range(3)], t=4)
     assert len(body) > 5 * 1024 * 1024
     resp = post(http, front_door, body)
     assert resp.status_code == 200, resp.text[:500]
     assert np.asarray(decode(resp.content)["data"][0]["action"]["values"]).shape == (3, 24, 8)
+    assert post(http, front_door, raw_body(["small-raw"])).status_code == 200
+    wait_for_metrics(
+        http,
+        "ray_dreamzero_raw_stage_runs_total{",
+        'stage="preprocess"',
+        'where="replicas"',
+        'where="ingress"',
+    )
+
+
+def wait_for_metrics(http, *wanted: str, timeout_s: float = 60) -> None:
+    """Until every string appears at Ray's Prometheus endpoint (metrics reach it within a few seconds)."""
+    deadline, text = time.monotonic() + timeout_s, ""
+    while time.monotonic() < deadline:
+        text = http.get(METRICS_URL["url"]).text
+        if all(w in text for w in wanted):
+            return
+        time.sleep(1.0)
+    pytest.fail(f"missing from {METRICS_URL['url']}: {[w for w in wanted if w not in text]}")
 
 
 @pytest.mark.parametrize(
@@ -94,10 +114,4 @@ def test_metrics_reach_rays_prometheus_endpoint(http, front_door):
         'ray_dreamzero_requests_total{', 'status="200"', "ray_dreamzero_stage_latency_ms_bucket",
         "ray_dreamzero_live_sessions{", "ray_dreamzero_batch_rows_count", 'deployment="Policy"',
     )  # fmt: skip
-    deadline, text = time.monotonic() + 60, ""
-    while time.monotonic() < deadline:
-        text = http.get(METRICS_URL["url"]).text
-        if all(w in text for w in wanted):
-            return
-        time.sleep(1.0)
-    pytest.fail(f"missing from {METRICS_URL['url']}: {[w for w in wanted if w not in text]}")
+    wait_for_metrics(http, *wanted)
