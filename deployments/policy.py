@@ -152,11 +152,15 @@ def merge_batches(batches: list[ModelBatch], default_seed: int) -> ModelBatch:
             out.extend(value if value is not None else [fill] * len(b))
         return out
 
+    def cat(name: str) -> np.ndarray:
+        arrays = [getattr(b, name) for b in batches]
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)  # a lone request's canvas is not copied
+
     first = batches[0]
     return ModelBatch(
-        images=np.concatenate([b.images for b in batches]),
-        state=np.concatenate([b.state for b in batches]),
-        state_mask=np.concatenate([b.state_mask for b in batches]),
+        images=cat("images"),
+        state=cat("state"),
+        state_mask=cat("state_mask"),
         prompts=[p for b in batches for p in b.prompts],
         session_ids=[s for b in batches for s in b.session_ids],
         negative_prompts=None if first.negative_prompts is None else rows("negative_prompts", None),
@@ -168,8 +172,8 @@ def merge_batches(batches: list[ModelBatch], default_seed: int) -> ModelBatch:
         rtc_prefix_len=_rows_or_none(batches, "rtc_prefix_len"),
         rtc_exec_horizon=_rows_or_none(batches, "rtc_exec_horizon"),
         action_prefix=_rows_or_none(batches, "action_prefix"),
-        action_gain=None if first.action_gain is None else np.concatenate([b.action_gain for b in batches]),
-        action_bias=None if first.action_bias is None else np.concatenate([b.action_bias for b in batches]),
+        action_gain=None if first.action_gain is None else cat("action_gain"),
+        action_bias=None if first.action_bias is None else cat("action_bias"),
     )
 
 
@@ -291,23 +295,52 @@ class PolicyDeployment:
         return outcome.output
 
     async def _generate_many(self, batches: list[ModelBatch]) -> list[_Outcome]:
-        outcomes: list[_Outcome | None] = [None] * len(batches)
         self.metrics.batch_requests.observe(len(batches))
-        loop = asyncio.get_running_loop()
-        default_seed = self._default_seed()
-        # admission per request, before merging: a request that does not fit fails alone
         busy = {sid for b in batches + self._batcher.queued() for sid in b.session_ids}  # never evicted for room
-        refused = await loop.run_in_executor(self._executor, self._admit_each, batches, busy)
-        for i, exc in refused.items():
+        # One trip to the model thread per batch (admission, then every group's model call): each thread hop is a
+        # wake-up each way, a visible share of a small model's call on a busy CPU.
+        loop = asyncio.get_running_loop()
+        outcomes, calls = await loop.run_in_executor(
+            self._executor, self._admit_and_run, batches, busy, self._default_seed()
+        )
+        for rows, sessions in calls:
+            self.metrics.batch_rows.observe(rows)
+            self.metrics.observe_sessions(sessions)
+        self._update_session_gauges()
+        return outcomes
+
+    def _admit_and_run(
+        self, batches: list[ModelBatch], busy: set[str], default_seed: int
+    ) -> tuple[list[_Outcome], list[tuple[int, list]]]:
+        """Model thread: admit each request's sessions, then run the admitted ones in compatible groups.
+
+        Returns an outcome per request and (rows, session reports) per model call. A request refused at admission
+        (capacity, bad input) or a group whose call fails gets its error; the others are served.
+        """
+        outcomes: list[_Outcome | None] = [None] * len(batches)
+        for i, exc in self._admit_each(batches, busy).items():  # admission per request, before merging
             outcomes[i] = _Outcome(error=exc)
-        admitted = [i for i in range(len(batches)) if i not in refused]
+        admitted = [i for i in range(len(batches)) if outcomes[i] is None]
+        calls: list[tuple[int, list]] = []
         try:
-            await self._run_groups(batches, admitted, outcomes, default_seed)
+            for part in plan_groups([batches[i] for i in admitted]):
+                members = [admitted[j] for j in part]
+                group = [batches[i] for i in members]
+                try:
+                    merged = merge_batches(group, default_seed)
+                    t0 = time.perf_counter()
+                    result = self._run_model(merged)
+                    result.timings_ms = {**result.timings_ms, "model_call": (time.perf_counter() - t0) * 1000.0}
+                    for i, out in zip(members, split_result(result, [len(b) for b in group])):
+                        outcomes[i] = _Outcome(PolicyOutput(out, self.replica, len(group)))
+                    calls.append((len(merged), result.sessions))
+                except Exception as exc:  # noqa: BLE001 - handed back to exactly the requests of this group
+                    for i in members:
+                        outcomes[i] = _Outcome(error=exc)
         finally:
             # ids of requests that never reached the model give their reservation back
             self.pipeline.store.release([sid for i in admitted for sid in batches[i].session_ids])
-        self._update_session_gauges()
-        return outcomes
+        return outcomes, calls
 
     def _admit_each(self, batches: list[ModelBatch], busy: set[str]) -> dict[int, BaseException]:
         """Admit each request's sessions (model thread); index -> error for those refused (capacity or bad input)."""
@@ -321,25 +354,6 @@ class PolicyDeployment:
             except Exception as exc:  # noqa: BLE001 - bad input fails its own request only
                 refused[i] = exc
         return refused
-
-    async def _run_groups(self, batches, admitted: list[int], outcomes: list, default_seed: int) -> None:
-        loop = asyncio.get_running_loop()
-        for part in plan_groups([batches[i] for i in admitted]):
-            members = [admitted[j] for j in part]
-            group = [batches[i] for i in members]
-            try:
-                merged = merge_batches(group, default_seed)
-                self.metrics.batch_rows.observe(len(merged))
-                t0 = time.perf_counter()
-                result = await loop.run_in_executor(self._executor, self._run_model, merged)
-                wall_ms = (time.perf_counter() - t0) * 1000.0
-                result.timings_ms = {**result.timings_ms, "model_call": wall_ms}
-                for i, part in zip(members, split_result(result, [len(b) for b in group])):
-                    outcomes[i] = _Outcome(PolicyOutput(part, self.replica, len(group)))
-                self.metrics.observe_sessions(result.sessions)
-            except Exception as exc:  # noqa: BLE001 - handed back to exactly the requests of this group
-                for i in members:
-                    outcomes[i] = _Outcome(error=exc)
 
     def _starts_session(self, batch: ModelBatch) -> bool:
         """Does this request start (or reset) a session? Such requests wait for company (deployments.batcher)."""
