@@ -40,6 +40,10 @@ SERVER_ARGS = {
     "sessions": {"max_sessions": 64, "ttl_s": 600},
     "batching": {"max_batch_size": 8, "batch_wait_timeout_s": 0.01},
     "http": {"ws_idle_timeout_s": 10.0},
+    # every raw request crosses all four deployments, so a Preprocess kill is felt (the shipped `auto` transforms
+    # usual sizes in the ingress, where a Preprocess kill touches only large requests)
+    "preprocess": {"placement": "replicas"},
+    "postprocess": {"placement": "replicas"},
 }
 BASE_POLICY_REPLICAS = 2
 
