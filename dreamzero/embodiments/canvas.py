@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -223,6 +224,9 @@ def _reference_floats(frames: np.ndarray, crop: CropResize) -> np.ndarray:
     return x.permute(0, 2, 3, 1).numpy()
 
 
+_UNPLANNED = object()  # marks a size not planned yet (None is a plan: "use the torch path")
+
+
 class CanvasWriter:
     """Renders the views of one embodiment onto its canvas: `render({key: [B, T, H, W, 3]}) -> [B, T, *canvas, 3]`.
 
@@ -241,6 +245,7 @@ class CanvasWriter:
             raise ValueError(f"canvas slots {self.slots} do not tile the {canvas_hw} canvas exactly once")
         self.table = unit_table()
         self._plans: dict[tuple[int, int], _Plan | None] = {}
+        self._planning = threading.Lock()
 
     @property
     def enabled(self) -> bool:
@@ -248,13 +253,15 @@ class CanvasWriter:
 
     def plan(self, hw: tuple[int, int]) -> _Plan | None:
         """The one-pass plan for this input size, or None when only the torch path gives `CropResize`'s bytes."""
-        if hw in self._plans:
+        plan = self._plans.get(hw, _UNPLANNED)
+        if plan is not _UNPLANNED:
+            return plan
+        with self._planning:  # the front door renders on several threads; a new size is planned once
+            if hw not in self._plans:
+                if len(self._plans) >= MAX_PLANS:
+                    self._plans.pop(next(iter(self._plans)))
+                self._plans[hw] = self._make_plan(hw) if self.enabled else None
             return self._plans[hw]
-        plan = self._make_plan(hw) if self.enabled else None
-        if len(self._plans) >= MAX_PLANS:
-            self._plans.pop(next(iter(self._plans)))
-        self._plans[hw] = plan
-        return plan
 
     def _make_plan(self, hw: tuple[int, int]) -> _Plan | None:
         h, w = hw

@@ -109,3 +109,18 @@ def test_the_kernel_can_be_switched_off(monkeypatch):
     assert emb.canvas_writer.plan((180, 320)) is None
     views = _views((EXTERIOR_1, EXTERIOR_2, WRIST), (1, 1, 180, 320, 3), seed=3)
     np.testing.assert_array_equal(emb.render_canvas(views), _old_droid(views))
+
+
+def test_rendering_on_several_threads_gives_each_request_its_own_canvas():
+    """The front door renders raw requests on a thread pool (deployments/stages.py): new sizes are planned once and
+    concurrent renders never mix their canvases."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    emb = OxeDroid(droid_metadata())
+    shapes = [(1, 4, 180, 320, 3), (1, 1, 190, 330, 3), (2, 2, 180, 320, 3), (1, 1, 200, 300, 3)] * 3
+    requests = [_views((EXTERIOR_1, EXTERIOR_2, WRIST), shape, seed=i) for i, shape in enumerate(shapes)]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(emb.render_canvas, requests))
+    for views, canvas in zip(requests, got):
+        np.testing.assert_array_equal(canvas, _old_droid(views))
+    assert {(190, 330), (200, 300), (180, 320)} <= set(emb.canvas_writer._plans)
