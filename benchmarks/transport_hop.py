@@ -3,7 +3,8 @@
 A caller replica sends `{"images": uint8[N]}` to a replica that only reads its size, with the graph's replica
 settings (`serve_graph.builder.REPLICA_ENV`), alternating the two transports round by round so both see the same
 machine. The sizes are a normalised tiny-model canvas (4 frames of 32x64), a raw DROID request (3 cameras x 4 frames
-of 180x320) and its 352x640 canvas, with two sizes around the switch between them. `deployments/calls.py` picks the transport by payload size from these figures.
+of 180x320) and its 352x640 canvas, with two sizes around the switch between them. `deployments/calls.py` picks the
+transport by payload size from these figures.
 
     python benchmarks/transport_hop.py                  # print
     python benchmarks/transport_hop.py --write-docs     # also write docs/benchmarks.md "Transport between replicas"
