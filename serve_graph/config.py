@@ -212,9 +212,9 @@ class AppArgs(_Strict):
         None,
         description='Checkpoint in one of three layouts (docs/serving.md, "Checkpoint layouts"): an HF folder with '
         "config.json, a full_weights.pt (or a folder holding one; needs checkpoint_config unless a config.json lies "
-        "beside it), or a -Diffusers folder with model_index.json; "embedded:<name>" a trained model shipped in the package "
-        "(embedded:small-scene1, docs/training.md); null builds the embedded tiny model (random weights). Only the "
-        "policy replicas open it.",
+        "beside it), or a -Diffusers folder with model_index.json; embedded:<name> names a trained model shipped in "
+        "the package (embedded:small-scene1, docs/training.md); null builds the embedded tiny model (random "
+        "weights). Only the policy replicas open it.",
     )
     checkpoint_layout: Literal["hf", "full_weights", "diffusers"] | None = Field(
         None, description="Layout of model_path; null detects it from the files."
