@@ -222,7 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         max_steps=args.max_steps,
         seed=args.seed,
         record_video=not args.no_video,
-        extra={"simulator": args.sim, "policy": args.policy, "render": args.render, "layouts": args.layouts},
+        extra={
+            "simulator": args.sim,
+            "policy": args.policy,
+            "render": args.render,
+            **({"layouts": args.layouts} if args.layouts else {}),
+        },  # fmt: skip
     )
     try:
         summary = run_evaluation(make_env_factory(args), policy, config, show_progress=not args.no_progress)

@@ -34,7 +34,7 @@ def _training_record(checkpoint: Path) -> dict:
     return {
         "step": state["step"],
         "config": state["config"],
-        "train_seconds": round(sum(r["seconds"] for r in lines), 1),
+        "step_seconds_total": round(sum(r["seconds"] for r in lines), 1),  # optimizer steps only, not start-up
         "mean_of_last_100_logged_steps": mean,
     }
 

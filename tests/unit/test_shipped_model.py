@@ -20,6 +20,7 @@ from dreamzero.config import preset
 from dreamzero.embedded_default import SHIPPED_MODELS_DIR, resolve_model_path, shipped_models
 from dreamzero.errors import ConfigError
 from dreamzero.model.dreamzero import DreamZeroModel
+from dreamzero.model.tokenizer import build_local_tokenizer
 from dreamzero.train.ship import MAX_WEIGHTS_BYTES, ship_checkpoint
 from dreamzero.train.trainer import STATE_FILE
 from serve_graph.config import parse_app_args
@@ -66,7 +67,9 @@ def test_an_unknown_name_lists_the_shipped_models():
 
 def test_ship_copies_what_serving_reads(tmp_path):
     ckpt = tmp_path / "run" / "checkpoint-0000002"
-    save_model(DreamZeroModel.from_config(preset("tiny"), device="cpu", dtype=torch.float32, seed=0), ckpt)
+    model = DreamZeroModel.from_config(preset("tiny"), device="cpu", dtype=torch.float32, seed=0)
+    model.text_encoder.tokenizer = build_local_tokenizer(preset("tiny").text_encoder.vocab_size)
+    save_model(model, ckpt)
     (ckpt / "experiment_cfg").mkdir()
     (ckpt / "experiment_cfg" / "metadata.json").write_text("{}")
     torch.save({"step": 2, "config": {"steps": 2}, "optimizer": {}}, ckpt / STATE_FILE)
@@ -75,7 +78,7 @@ def test_ship_copies_what_serving_reads(tmp_path):
     dest = ship_checkpoint(ckpt, "t", tmp_path / "models")
     assert not (dest / STATE_FILE).exists() and (dest / "experiment_cfg" / "metadata.json").is_file()
     record = json.loads((dest / "training.json").read_text())
-    assert record["step"] == 2 and record["train_seconds"] == 4.0  # steps after the checkpoint are not counted
+    assert record["step"] == 2 and record["step_seconds_total"] == 4.0  # steps after the checkpoint are not counted
     assert load_model(dest, device="cpu", dtype=torch.float32).config.dit == preset("tiny").dit
     with pytest.raises(ConfigError, match="checkpoint: .* is not a dreamzero-train checkpoint"):
         ship_checkpoint(tmp_path / "models", "u", tmp_path / "models")
