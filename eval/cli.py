@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
             "policy": args.policy,
             "render": args.render,
             **({"layouts": args.layouts} if args.layouts else {}),
-        },  # fmt: skip
+        },
     )
     try:
         summary = run_evaluation(make_env_factory(args), policy, config, show_progress=not args.no_progress)
