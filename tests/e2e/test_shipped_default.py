@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 def test_one_episode_with_the_shipped_weights(tmp_path):
     cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     assert cfg["applications"][0]["args"]["model_path"] == "embedded:small-scene1"
+    (tmp_path / "serve").mkdir()
     with ServeRun(tmp_path / "serve") as server:
         with httpx.Client(timeout=60, trust_env=False) as client:
             models = client.get(server.url + "/v1/models").json()["data"]
