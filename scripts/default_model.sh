@@ -35,8 +35,9 @@ evaluate() {
     # held-out layouts: episode seeds 100000 + 1000 + i, the recording used 0.. and 10000..
     local port=${PORT:-8000} log="$RUN/serve.log"
     mkdir -p "$RUN"
+    sed "s/^  port: 8000$/  port: $port/" serve_config.yaml >"$RUN/serve_config.yaml"  # the shipped config, PORT
     export RAY_TMPDIR=${RAY_TMPDIR:-$(mktemp -d /tmp/rayXXXX)}  # a private Ray session, stopped with the server
-    setsid nice -n "${NICE:-0}" "$BIN/serve" run serve_config.yaml >"$log" 2>&1 &
+    setsid nice -n "${NICE:-0}" "$BIN/serve" run "$RUN/serve_config.yaml" >"$log" 2>&1 &
     serve_pid=$!
     # SIGTERM: `serve run` shuts its Ray session down (a backgrounded one ignores SIGINT); bounded wait, then SIGKILL
     trap 'kill -TERM -- "-$serve_pid" 2>/dev/null; timeout 90 tail --pid="$serve_pid" -f /dev/null || kill -KILL -- "-$serve_pid" 2>/dev/null || true' EXIT
