@@ -82,3 +82,14 @@ def test_ship_copies_what_serving_reads(tmp_path):
     assert load_model(dest, device="cpu", dtype=torch.float32).config.dit == preset("tiny").dit
     with pytest.raises(ConfigError, match="checkpoint: .* is not a dreamzero-train checkpoint"):
         ship_checkpoint(tmp_path / "models", "u", tmp_path / "models")
+
+
+def test_train_starts_from_a_named_preset(tmp_path):
+    from dreamzero.train.cli import _random_preset_model, main
+
+    path = _random_preset_model(str(tmp_path), "small")
+    assert path == tmp_path / "init-small" and load_model(path, device="cpu").config.dit == preset("small").dit
+    with pytest.raises(ConfigError, match="unknown preset 'smal'"):
+        _random_preset_model(str(tmp_path), "smal")
+    with pytest.raises(ConfigError, match="--preset and --init"):
+        main(["--dataset", str(tmp_path), "--out", str(tmp_path), "--preset", "small", "--init", str(path)])
