@@ -31,6 +31,30 @@ _WARNING = (
 )
 
 
+#: trained models shipped inside the package (dreamzero/assets/models/<name>/, our HF layout + experiment_cfg/
+#: metadata.json); a config names one as "embedded:<name>" wherever it takes a model_path
+EMBEDDED_PREFIX = "embedded:"
+SHIPPED_MODELS_DIR = Path(__file__).resolve().parent / "assets" / "models"
+
+
+def shipped_models() -> list[str]:
+    if not SHIPPED_MODELS_DIR.is_dir():
+        return []
+    return sorted(p.name for p in SHIPPED_MODELS_DIR.iterdir() if (p / "config.json").is_file())
+
+
+def resolve_model_path(value: str | None) -> str | None:
+    """`value` with an "embedded:<name>" reference replaced by the shipped model's folder; other values unchanged."""
+    from dreamzero.errors import ConfigError
+
+    if value is None or not value.startswith(EMBEDDED_PREFIX):
+        return value
+    name = value[len(EMBEDDED_PREFIX) :]
+    if name not in shipped_models():
+        raise ConfigError(f"model_path: {value!r} names no shipped model; shipped: {shipped_models()}")
+    return str(SHIPPED_MODELS_DIR / name)
+
+
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     if cache_dir is not None:
         return Path(cache_dir)
@@ -46,8 +70,9 @@ def _recipe_hash() -> str:
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def build_default_model(path: str | os.PathLike) -> Path:
-    """Write the tiny model (seeded random weights + locally built tokenizer) to `path` in the release layout."""
+def build_default_model(path: str | os.PathLike, preset_name: str = "tiny") -> Path:
+    """Write a preset's model (seeded random weights + locally built tokenizer) to `path` in the release layout: the
+    embedded tiny default, or the starting point of a training run (`dreamzero-train --init`)."""
     import torch
 
     from dreamzero.checkpoint import save_model
@@ -55,14 +80,14 @@ def build_default_model(path: str | os.PathLike) -> Path:
     from dreamzero.model.dreamzero import DreamZeroModel
     from dreamzero.model.tokenizer import build_local_tokenizer
 
-    cfg = preset("tiny")
+    cfg = preset(preset_name)
     model = DreamZeroModel.from_config(cfg, device="cpu", dtype=torch.float32, seed=SEED)
     model.text_encoder.tokenizer = build_local_tokenizer(cfg.text_encoder.vocab_size)
     save_model(model, path)
     (Path(path) / "README.txt").write_text(
-        "Embedded default DreamZero model (tiny preset) with deterministic RANDOM weights "
+        f"DreamZero model ({preset_name} preset) with deterministic RANDOM weights "
         f"(seed {SEED}) and a locally built tokenizer.\nIts actions are meaningless: it exists so the serving stack "
-        "runs end to end without a download.\n"
+        "runs end to end without a download, or as the start of a training run.\n"
     )
     return Path(path)
 

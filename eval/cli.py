@@ -36,6 +36,7 @@ class CliArgs:
     seed: int
     render: str
     image_size: list[int]
+    layouts: str | None
     no_video: bool
     no_progress: bool
     no_report: bool
@@ -73,6 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=[180, 320],
         metavar=("H", "W"),
         help="MuJoCo camera resolution (the policy always gets resize_with_pad to 180x320)",
+    )
+    g.add_argument(
+        "--layouts",
+        choices=("wide", "compact"),
+        default=None,
+        help="scene 1 only: draw the cube / bowl placement from this demonstration distribution "
+        "(dreamzero-record-demos --layouts) with the episode seed, instead of the scene's fixed positions + jitter; "
+        "use a --seed far from the recording seeds (e.g. 100000) for held-out layouts",
     )
     g = p.add_argument_group("policy")
     g.add_argument("--policy", choices=("openpi", "http", "embedded"), default="openpi", help="how to reach the policy")
@@ -137,6 +146,10 @@ def droid_args(ns: argparse.Namespace) -> CliArgs:
             raise ConfigError(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
     if args.max_steps is not None and args.max_steps < 1:
         raise ConfigError(f"--max-steps: expected >= 1, got {args.max_steps}")
+    if args.layouts is not None and (args.sim != "mujoco" or args.scenes != [1]):
+        raise ConfigError(
+            f"--layouts: the sampled layouts are MuJoCo scene 1's; got --sim {args.sim} --scenes {args.scenes}"
+        )
     if args.rtc_delay_steps is not None and (not args.rtc or args.rtc_delay_steps < 1):
         raise ConfigError(f"--rtc-delay-steps: expected >= 1 together with --rtc, got {args.rtc_delay_steps}")
     return args
@@ -152,6 +165,7 @@ def make_env_factory(args: CliArgs):
                 image_size=tuple(args.image_size),
                 render_quality=args.render,
                 max_episode_steps=args.max_steps or 450,
+                layouts=args.layouts,
             )
 
         return factory
@@ -208,7 +222,12 @@ def main(argv: list[str] | None = None) -> int:
         max_steps=args.max_steps,
         seed=args.seed,
         record_video=not args.no_video,
-        extra={"simulator": args.sim, "policy": args.policy, "render": args.render},
+        extra={
+            "simulator": args.sim,
+            "policy": args.policy,
+            "render": args.render,
+            **({"layouts": args.layouts} if args.layouts else {}),
+        },
     )
     try:
         summary = run_evaluation(make_env_factory(args), policy, config, show_progress=not args.no_progress)

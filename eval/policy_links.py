@@ -23,9 +23,10 @@ class EmbeddedLink:
 
     def __init__(self, model_path: str | None = None, embodiment: str = "oxe_droid", policy=None):
         if policy is None:
+            from dreamzero.embedded_default import resolve_model_path
             from dreamzero.policy import EmbeddedPolicy
 
-            policy = EmbeddedPolicy.load(model_path=model_path, embodiment=embodiment)
+            policy = EmbeddedPolicy.load(model_path=resolve_model_path(model_path), embodiment=embodiment)
         self._policy = policy
 
     def send(self, query: Query) -> LinkReply:

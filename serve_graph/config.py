@@ -254,8 +254,9 @@ class AppArgs(_Strict):
         None,
         description='Checkpoint in one of three layouts (docs/serving.md, "Checkpoint layouts"): an HF folder with '
         "config.json, a full_weights.pt (or a folder holding one; needs checkpoint_config unless a config.json lies "
-        "beside it), or a -Diffusers folder with model_index.json; null builds the embedded tiny model. Only the "
-        "policy replicas open it.",
+        "beside it), or a -Diffusers folder with model_index.json; embedded:<name> names a trained model shipped in "
+        "the package (embedded:small-scene1, docs/training.md); null builds the embedded tiny model (random "
+        "weights). Only the policy replicas open it.",
     )
     checkpoint_layout: Literal["hf", "full_weights", "diffusers"] | None = Field(
         None, description="Layout of model_path; null detects it from the files."
@@ -309,6 +310,12 @@ class AppArgs(_Strict):
     @field_validator("model_path")
     @classmethod
     def _model_path_exists(cls, v: str | None) -> str | None:
+        from dreamzero.embedded_default import resolve_model_path
+
+        try:
+            v = resolve_model_path(v)  # "embedded:<name>": a trained model shipped in the package
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("model_path: ")) from None
         return _existing(v, Path.exists, "does not exist; point model_path at a checkpoint (file or folder)")
 
     @field_validator("checkpoint_config")

@@ -12,9 +12,11 @@ import argparse
 import json
 import logging
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
+from dreamzero.errors import ConfigError
 from dreamzero.train.trainer import DTYPES, TrainConfig, Trainer
 
 
@@ -24,6 +26,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", required=True, help="LeRobot v3.0 dataset directory")
     p.add_argument("--out", required=True, help="run directory (checkpoints, train_log.jsonl); resumed if it has one")
     p.add_argument("--init", default=None, help="checkpoint to start from (default: the embedded tiny model)")
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="start from this preset with seeded random weights (e.g. small), not --init",
+    )
     p.add_argument("--embodiment", default=d.embodiment, help="embodiment tag (columns, normalisation, canvas)")
     p.add_argument("--metadata", default=None, help="metadata.json to normalise with (default: from the dataset)")
     p.add_argument("--steps", type=int, default=d.steps, help="total optimizer steps")
@@ -44,13 +51,28 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _random_preset_model(out: str, name: str) -> Path:
+    """`<out>/init-<name>`: the preset with the embedded default's seeded random weights (built once per run dir)."""
+    from dreamzero.config import preset
+    from dreamzero.embedded_default import build_default_model
+
+    preset(name)  # an unknown name fails here, listing the known ones
+    path = Path(out) / f"init-{name}"
+    if not (path / "config.json").is_file():
+        build_default_model(path, name)
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
+    if args.preset is not None and args.init is not None:
+        raise ConfigError("--preset and --init both name the starting model; give one")
+    init = args.init if args.preset is None else str(_random_preset_model(args.out, args.preset))
     cfg = TrainConfig(
-        dataset=args.dataset, out=args.out, init=args.init, embodiment=args.embodiment, metadata=args.metadata,
+        dataset=args.dataset, out=args.out, init=init, embodiment=args.embodiment, metadata=args.metadata,
         steps=args.steps, batch_size=args.batch_size, blocks=args.blocks, lr=args.lr, weight_decay=args.weight_decay,
         warmup_steps=args.warmup_steps, grad_clip=args.grad_clip, seed=args.seed, device=args.device,
         dtype=args.dtype, log_every=args.log_every, save_every=args.save_every, max_episodes=args.max_episodes,

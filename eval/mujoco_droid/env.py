@@ -49,6 +49,7 @@ class MujocoDroidEnv(gym.Env):
         object_jitter_m: float = 0.02,
         terminate_on_success: bool = False,
         render_mode: str | None = None,
+        layouts: str | None = None,
     ):
         if render_quality not in RENDER_QUALITIES:
             raise ConfigError(f"render_quality: expected one of {RENDER_QUALITIES}, got {render_quality!r}")
@@ -59,7 +60,16 @@ class MujocoDroidEnv(gym.Env):
             raise ConfigError(f"image_size: expected (H, W) within (16..720, 16..1280), got {image_size}")
         if render_mode not in (None, "rgb_array"):
             raise ConfigError(f"render_mode: expected None or 'rgb_array', got {render_mode!r}")
+        if layouts is not None:
+            from eval.mujoco_droid.expert import layout_range
+
+            layout_range(layouts)  # a bad name fails here, naming the known ones
+            if scene_id != 1:
+                raise ConfigError(f"layouts: the sampled layouts are scene 1's (cube -> bowl), got scene {scene_id}")
         self.scene = scene_spec(scene_id)
+        # None: the scene's fixed positions + jitter; a `expert.LAYOUTS` name: the demonstrations' layout distribution,
+        # drawn from the reset seed as `dreamzero-record-demos` draws it (disjoint seeds = held-out layouts)
+        self.layouts = layouts
         self.scene_id = scene_id
         self.instruction = self.scene.instruction
         self.control_hz = CONTROL_HZ
@@ -112,12 +122,20 @@ class MujocoDroidEnv(gym.Env):
         mujoco.mj_resetData(self.model, self.data)
         self.data.qpos[self._arm_qpos] = HOME_QPOS
         self.data.qpos[self._finger_qpos] = FINGER_OPEN_M
-        for name, xy in (
-            (self.scene.object_name, self.scene.object_xy),
-            (self.scene.target_name, self.scene.target_xy),
-        ):
+        placements, jitter_m = (
+            ((self.scene.object_name, self.scene.object_xy), (self.scene.target_name, self.scene.target_xy)),
+            self._jitter,
+        )
+        if self.layouts is not None:
+            from eval.mujoco_droid.expert import sample_layout
+
+            rng = np.random.default_rng(seed) if seed is not None else self.np_random
+            layout = sample_layout(rng, self.layouts)
+            placements = ((self.scene.object_name, layout.object_xy), (self.scene.target_name, layout.target_xy))
+            jitter_m = 0.0
+        for name, xy in placements:
             adr = self._free_qpos[name]
-            jitter = self.np_random.uniform(-self._jitter, self._jitter, size=2) if self._jitter > 0 else np.zeros(2)
+            jitter = self.np_random.uniform(-jitter_m, jitter_m, size=2) if jitter_m > 0 else np.zeros(2)
             self.data.qpos[adr : adr + 3] = [xy[0] + jitter[0], xy[1] + jitter[1], 0.0]
             self.data.qpos[adr + 3 : adr + 7] = [1.0, 0.0, 0.0, 0.0]
         self.data.ctrl[:7] = HOME_QPOS

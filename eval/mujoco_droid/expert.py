@@ -5,9 +5,11 @@ over the bowl, down, release, up) and turns each 15 Hz path point into absolute 
 least-squares inverse kinematics on the scene's own MuJoCo model (so the targets are exact for the simulated arm).
 The gripper points straight down, as at DROID's home pose; the cube is never rotated, so that suffices.
 
-Layouts: `sample_layout` draws the cube and the bowl anywhere in a 0.22 m x 0.50 m patch of the table in front of
-the robot (x 0.40..0.62 m, y -0.25..0.25 m), at least 0.18 m apart; either may be left or right of the other, so a
-policy has to look at the images to know where to go.
+Layouts (`LAYOUTS`, drawn by `sample_layout`): "wide" puts the cube and the bowl anywhere in a 0.22 m x 0.50 m
+patch of the table in front of the robot (x 0.40..0.62 m, y -0.25..0.25 m), at least 0.18 m apart; either may be left
+or right of the other. "compact" (what the shipped small default is trained and evaluated on) keeps the cube in a
+0.12 m x 0.20 m patch on the robot's left and the bowl in one of the same size on its right: the cube still lands
+anywhere within several of its own widths, so a policy has to look at the images to know where to reach.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from dreamzero.errors import ConfigError
 from eval.mujoco_droid.scene import HOME_QPOS
 
-#: the table patch objects are drawn from (m, base frame) and their minimum centre distance
+#: the "wide" table patch both objects are drawn from (m, base frame) and their minimum centre distance
 LAYOUT_X = (0.40, 0.62)
 LAYOUT_Y = (-0.25, 0.25)
 MIN_SEPARATION_M = 0.18
@@ -41,13 +43,37 @@ class Layout:
     target_xy: tuple[float, float]
 
 
-def sample_layout(rng: np.random.Generator) -> Layout:
-    """A random cube / bowl placement within LAYOUT_X x LAYOUT_Y, MIN_SEPARATION_M apart (bounded retries)."""
+@dataclass(frozen=True)
+class LayoutRange:
+    """Where `sample_layout` may put each object: ((x_min, y_min), (x_max, y_max)) per object, and their minimum
+    centre distance (m, base frame)."""
+
+    object_box: tuple[tuple[float, float], tuple[float, float]]
+    target_box: tuple[tuple[float, float], tuple[float, float]]
+    min_separation_m: float
+
+
+_WIDE_BOX = ((LAYOUT_X[0], LAYOUT_Y[0]), (LAYOUT_X[1], LAYOUT_Y[1]))
+LAYOUTS = {
+    "wide": LayoutRange(_WIDE_BOX, _WIDE_BOX, MIN_SEPARATION_M),
+    "compact": LayoutRange(((0.44, 0.02), (0.56, 0.22)), ((0.44, -0.22), (0.56, -0.02)), 0.12),
+}
+
+
+def layout_range(name: str) -> LayoutRange:
+    if name not in LAYOUTS:
+        raise ConfigError(f"layouts: expected one of {sorted(LAYOUTS)}, got {name!r}")
+    return LAYOUTS[name]
+
+
+def sample_layout(rng: np.random.Generator, layouts: str = "wide") -> Layout:
+    """A random cube / bowl placement from the named `LAYOUTS` entry, far enough apart (bounded retries)."""
+    spec = layout_range(layouts)
     for _ in range(1000):
-        a, b = (rng.uniform((LAYOUT_X[0], LAYOUT_Y[0]), (LAYOUT_X[1], LAYOUT_Y[1])) for _ in range(2))
-        if np.linalg.norm(a - b) >= MIN_SEPARATION_M:
+        a, b = (rng.uniform(*box) for box in (spec.object_box, spec.target_box))
+        if np.linalg.norm(a - b) >= spec.min_separation_m:
             return Layout(tuple(float(v) for v in a), tuple(float(v) for v in b))
-    raise RuntimeError("could not place the cube and the bowl apart (the layout ranges are too small)")
+    raise RuntimeError(f"could not place the cube and the bowl apart (the {layouts!r} layout ranges are too small)")
 
 
 def reset_with_layout(env, seed: int, layout: Layout) -> dict:

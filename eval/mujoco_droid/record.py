@@ -1,8 +1,8 @@
 """`dreamzero-record-demos`: record scripted-expert demonstrations of scene 1 as a LeRobot v3.0 dataset.
 
-Each episode: a random layout (`expert.sample_layout`), the expert runs its plan plus a short hold at 15 Hz, and the
-episode is kept only if the cube ended in the bowl (failed ones are counted and reported, never written). Columns use
-DROID's names, so `dreamzero-make-metadata --tag oxe_droid` reads the result as it is:
+Each episode: a random layout (`expert.sample_layout` from the `--layouts` ranges), the expert runs its plan plus a
+short hold at 15 Hz, and the episode is kept only if the cube ended in the bowl (failed ones are counted and reported,
+never written). Columns use DROID's names, so `dreamzero-make-metadata --tag oxe_droid` reads the result as it is:
     observation.state   [8]  joint_position (7) + gripper_position (1, 1 closed), before the step
     action              [8]  absolute joint targets (7) + gripper command (1), sent at that step
     observation.images.{exterior_image_1_left, exterior_image_2_left, wrist_image_left}   mp4 videos
@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from dreamzero.errors import ConfigError
 from eval.env_contract import IMAGE_KEYS
-from eval.mujoco_droid.expert import ScriptedExpert, reset_with_layout, sample_layout
+from eval.mujoco_droid.expert import LAYOUTS, ScriptedExpert, layout_range, reset_with_layout, sample_layout
 from eval.mujoco_droid.lerobot_writer import Episode, write_dataset
 
 log = logging.getLogger(__name__)
@@ -46,9 +47,9 @@ MODALITY = {
 HOLD_STEPS = 6  # steps recorded after the plan ends, so the last frames show the cube at rest in the bowl
 
 
-def record_episode(env, expert: ScriptedExpert, seed: int) -> tuple[Episode, bool]:
+def record_episode(env, expert: ScriptedExpert, seed: int, layouts: str = "wide") -> tuple[Episode, bool]:
     """One expert episode from layout seed `seed`; returns it and whether the cube ended in the bowl."""
-    layout = sample_layout(np.random.default_rng(seed))
+    layout = sample_layout(np.random.default_rng(seed), layouts)
     obs = reset_with_layout(env, seed, layout)
     expert.reset()
     states, actions, frames = [], [], {k: [] for k in VIDEO_FEATURES}
@@ -75,10 +76,12 @@ def record_demos(
     image_size: tuple[int, int] = (180, 320),
     render_quality: str = "quality",
     max_attempts: int | None = None,
+    layouts: str = "wide",
 ) -> dict:
     """Record `num_episodes` successful episodes under `out`; returns a summary (attempts, success rate, frames)."""
     from eval.mujoco_droid.env import MujocoDroidEnv
 
+    layout_range(layouts)  # fail on a bad name before building the scene
     if num_episodes < 1:
         raise ConfigError(f"episodes: expected >= 1, got {num_episodes}")
     max_attempts = max_attempts or 2 * num_episodes + 5
@@ -89,20 +92,85 @@ def record_demos(
         while len(kept) < num_episodes:
             if attempts >= max_attempts:
                 raise RuntimeError(f"only {len(kept)} of {attempts} expert episodes succeeded; stopping")
-            episode, success = record_episode(env, expert, seed + attempts)
+            episode, success = record_episode(env, expert, seed + attempts, layouts)
             attempts += 1
             log.info("episode seed %d: %d steps, success=%s", episode.extra["seed"], len(episode), success)
             if success:
                 kept.append(episode)
     finally:
         env.close()
-    root = write_dataset(out, kept, fps=env.control_hz, robot_type="franka_fr3_mujoco")
-    (Path(root) / "meta" / "modality.json").write_text(json.dumps(MODALITY, indent=2))
-    layouts = [{"episode_index": i, **e.extra} for i, e in enumerate(kept)]
-    (Path(root) / "meta" / "layouts.json").write_text(json.dumps(layouts, indent=1))
-    return {
+    for episode in kept:
+        episode.extra["layouts"] = layouts
+    root = _write(out, kept, env.control_hz)
+    summary = {
         "episodes": len(kept), "attempts": attempts, "expert_success_rate": len(kept) / attempts,
         "frames": sum(len(e) for e in kept), "seconds": round(time.monotonic() - t0, 1), "root": str(root),
+    }  # fmt: skip
+    (root / "meta" / "recording.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def read_episodes(root: str | Path) -> list[Episode]:
+    """The episodes of a dataset this recorder wrote (vectors, decoded videos, layout records), in episode order."""
+    from dreamzero.lerobot_dataset import LeRobotDataset
+    from dreamzero.train.data import _episode_video
+
+    dataset = LeRobotDataset(root)
+    layouts = {r["episode_index"]: r for r in json.loads((Path(root) / "meta" / "layouts.json").read_text())}
+    tasks = {int(r["task_index"]): r["task"] for r in pq.read_table(Path(root) / "meta" / "tasks.parquet").to_pylist()}
+    episodes = []
+    for e in dataset.episode_indices:
+        cols = dataset.episode_columns(e, ["observation.state", "action", "task_index"])
+        extra = {k: v for k, v in layouts[e].items() if k != "episode_index"}
+        episodes.append(
+            Episode(
+                task=tasks[int(cols["task_index"][0, 0])],
+                vectors={k: cols[k].astype(np.float32) for k in ("observation.state", "action")},
+                videos={k: _episode_video(dataset, e, k) for k in VIDEO_FEATURES.values()},
+                extra=extra,
+            )
+        )
+    return episodes
+
+
+def merge_datasets(out: str | Path, parts: Sequence[str | Path]) -> Path:
+    """One dataset at `out` holding every episode of `parts` (datasets this recorder wrote), in order; the videos are
+    decoded and written again, and the statistics are recomputed over the union."""
+    episodes = [e for part in parts for e in read_episodes(part)]
+    fps = json.loads((Path(parts[0]) / "meta" / "info.json").read_text())["fps"]
+    return _write(out, episodes, fps)
+
+
+def _write(out: str | Path, episodes: list[Episode], fps: float) -> Path:
+    root = write_dataset(out, episodes, fps=fps, robot_type="franka_fr3_mujoco")
+    (Path(root) / "meta" / "modality.json").write_text(json.dumps(MODALITY, indent=2))
+    records = [{"episode_index": i, **e.extra} for i, e in enumerate(episodes)]
+    (Path(root) / "meta" / "layouts.json").write_text(json.dumps(records, indent=1))
+    return Path(root)
+
+
+def record_in_parallel(out: str | Path, num_episodes: int, seed: int, workers: int, argv: Sequence[str]) -> dict:
+    """`workers` recorder processes, each on its own seed range (seed + 10000 k), then one merged dataset at `out`."""
+    import subprocess
+    import sys
+
+    parts_dir = Path(out).with_name(Path(out).name + ".parts")
+    shares = [num_episodes // workers + (k < num_episodes % workers) for k in range(workers)]
+    procs = []
+    for k, share in enumerate(shares):
+        cmd = [sys.executable, "-m", "eval.mujoco_droid.record", *argv, "--workers", "1"]
+        cmd += ["--out", str(parts_dir / f"part-{k}"), "--episodes", str(share), "--seed", str(seed + 10000 * k)]
+        procs.append(subprocess.Popen(cmd))
+    codes = [p.wait() for p in procs]
+    if any(codes):
+        raise RuntimeError(f"recorder workers exited with {codes}; partial datasets are in {parts_dir}")
+    summaries = [json.loads((parts_dir / f"part-{k}" / "meta" / "recording.json").read_text()) for k in range(workers)]
+    root = merge_datasets(out, [parts_dir / f"part-{k}" for k in range(workers)])
+    attempts = sum(s["attempts"] for s in summaries)
+    return {
+        "episodes": num_episodes, "attempts": attempts, "expert_success_rate": num_episodes / attempts,
+        "frames": sum(s["frames"] for s in summaries), "seconds": max(s["seconds"] for s in summaries),
+        "root": str(root), "workers": workers,
     }  # fmt: skip
 
 
@@ -113,9 +181,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="layout seed of the first attempt (then +1 each)")
     parser.add_argument("--image-size", type=int, nargs=2, default=(180, 320), metavar=("H", "W"))
     parser.add_argument("--render-quality", choices=("quality", "fast"), default="quality")
+    parser.add_argument("--layouts", choices=sorted(LAYOUTS), default="wide", help="cube / bowl placement ranges")
+    parser.add_argument("--workers", type=int, default=1, help="recorder processes (seed ranges 10000 apart)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    summary = record_demos(args.out, args.episodes, args.seed, tuple(args.image_size), args.render_quality)
+    if args.workers < 1:
+        raise ConfigError(f"workers: expected >= 1, got {args.workers}")
+    if args.workers > 1:
+        shared = ["--image-size", *map(str, args.image_size), "--render-quality", args.render_quality]
+        summary = record_in_parallel(
+            args.out, args.episodes, args.seed, args.workers, [*shared, "--layouts", args.layouts]
+        )
+        print(json.dumps(summary))
+        return 0
+    summary = record_demos(
+        args.out, args.episodes, args.seed, tuple(args.image_size), args.render_quality, layouts=args.layouts
+    )
     print(json.dumps(summary))
     return 0
 

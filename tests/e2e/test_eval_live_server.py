@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def live_server(tmp_path_factory):
-    with ServeRun(tmp_path_factory.mktemp("serve")) as server:
+    with ServeRun(tmp_path_factory.mktemp("serve"), args={"model_path": None}) as server:  # the random tiny model
         yield server
 
 

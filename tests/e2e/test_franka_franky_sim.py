@@ -234,6 +234,7 @@ def live_server(tmp_path_factory):
         port = s.getsockname()[1]
     cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     cfg.setdefault("http_options", {}).update({"host": "127.0.0.1", "port": port})
+    cfg["applications"][0]["args"]["model_path"] = None  # the embedded tiny model (random weights), as documented
     (tmp / "serve_config.yaml").write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": str(tmp_path_factory.mktemp("ray", numbered=True))}
     log = open(tmp / "serve.log", "wb")  # closed in the finally

@@ -27,7 +27,8 @@ SIM_GRIPPER_TIMEOUT_S = "30"
 
 @pytest.fixture(scope="module")
 def pnp_server(tmp_path_factory):
-    with ServeRun(tmp_path_factory.mktemp("pnp-serve"), args={"embodiment": "franka_pnp"}) as server:
+    args = {"embodiment": "franka_pnp", "model_path": None}  # the random tiny model (synthetic franka_pnp stats)
+    with ServeRun(tmp_path_factory.mktemp("pnp-serve"), args=args) as server:
         yield server
 
 

@@ -14,11 +14,12 @@ pytest.importorskip("franky_sim")
 pytest.importorskip("imageio_ffmpeg")
 
 from dreamzero.embodiments import get_embodiment
+from dreamzero.errors import ConfigError
 from dreamzero.lerobot_dataset import LeRobotDataset, get_preset
 from dreamzero.metadata_cli import compute_metadata, main
 from dreamzero.train.data import read_video
-from eval.mujoco_droid.expert import LAYOUT_X, LAYOUT_Y, MIN_SEPARATION_M, sample_layout
-from eval.mujoco_droid.record import VIDEO_FEATURES, record_demos
+from eval.mujoco_droid.expert import LAYOUT_X, LAYOUT_Y, LAYOUTS, MIN_SEPARATION_M, sample_layout
+from eval.mujoco_droid.record import VIDEO_FEATURES, merge_datasets, read_episodes, record_demos
 
 HW = (64, 112)
 
@@ -42,6 +43,19 @@ def test_layouts_cover_the_patch_and_keep_objects_apart():
     # the cube is sometimes left and sometimes right of the bowl: the images are needed to know which
     left = pts[:, 1] > pts[:, 3]
     assert 0.3 < left.mean() < 0.7
+
+
+def test_compact_layouts_stay_in_their_boxes_and_still_vary():
+    spec, rng = LAYOUTS["compact"], np.random.default_rng(1)
+    pts = np.array([[*lay.object_xy, *lay.target_xy] for lay in (sample_layout(rng, "compact") for _ in range(300))])
+    for cols, ((x0, y0), (x1, y1)) in (((0, 1), spec.object_box), ((2, 3), spec.target_box)):
+        xy = pts[:, cols]
+        assert (xy[:, 0] >= x0).all() and (xy[:, 0] <= x1).all() and (xy[:, 1] >= y0).all() and (xy[:, 1] <= y1).all()
+        # spread over the box: a policy that ignores the images reaches a cube 5 cm wide only by luck
+        assert np.ptp(xy[:, 0]) > 0.9 * (x1 - x0) and np.ptp(xy[:, 1]) > 0.9 * (y1 - y0)
+    assert (np.linalg.norm(pts[:, :2] - pts[:, 2:], axis=1) >= spec.min_separation_m).all()
+    with pytest.raises(ConfigError, match="layouts: expected one of"):
+        sample_layout(rng, "narrow")
 
 
 def test_expert_succeeds_and_dataset_is_written(demos):
@@ -102,3 +116,17 @@ def test_metadata_generator_reads_the_demos(demos, tmp_path):
     out = tmp_path / "metadata.json"
     assert main(["generate", str(root), "--preset", "oxe_droid", "-o", str(out), "--no-progress"]) == 0
     assert json.loads(out.read_text())["oxe_droid"]["statistics"] == json.loads(json.dumps(stats))
+
+
+def test_merged_parts_hold_every_episode_and_layout(demos, tmp_path):
+    root, _ = demos
+    merged = merge_datasets(tmp_path / "merged", [root, root])
+    info = json.loads((merged / "meta" / "info.json").read_text())
+    assert info["total_episodes"] == 4
+    layouts = json.loads((merged / "meta" / "layouts.json").read_text())
+    assert [r["episode_index"] for r in layouts] == [0, 1, 2, 3] and [r["seed"] for r in layouts] == [0, 1, 0, 1]
+    first, again = read_episodes(root), read_episodes(merged)
+    assert len(again) == 4
+    np.testing.assert_array_equal(again[2].vectors["action"], first[0].vectors["action"])
+    assert {k: v.shape for k, v in again[3].videos.items()} == {k: v.shape for k, v in first[1].videos.items()}
+    compute_metadata(LeRobotDataset(merged), get_preset("oxe_droid"), progress=False)  # the generator reads it

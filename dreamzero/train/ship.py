@@ -1,0 +1,77 @@
+"""Ship a `dreamzero-train` checkpoint as an embedded model: `python -m dreamzero.train.ship <checkpoint> --name N`.
+
+Copies what serving reads (config.json, the safetensors shards and their index, tokenizer/, experiment_cfg/
+metadata.json) into `dreamzero/assets/models/<name>/`, leaves the optimizer state behind, and writes
+`training.json` beside them (the run's TrainConfig, the last logged losses, the wall time), so a config can serve it
+as `model_path: embedded:<name>`. Refuses a checkpoint whose weights exceed the size limit of a repository file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from dreamzero.embedded_default import SHIPPED_MODELS_DIR
+from dreamzero.errors import ConfigError
+from dreamzero.train.trainer import LOG_FILE, STATE_FILE
+
+MAX_WEIGHTS_BYTES = 30 * 2**20
+_COPIED = ("config.json", "model.safetensors.index.json", "tokenizer", "experiment_cfg")
+
+
+def _training_record(checkpoint: Path) -> dict:
+    state = torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
+    log_path = checkpoint.parent / LOG_FILE
+    lines = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.is_file() else []
+    lines = [r for r in lines if r["step"] <= state["step"]]
+    tail = lines[-100:]
+    mean = {k: sum(r[k] for r in tail) / len(tail) for k in ("loss", "video_loss", "action_loss")} if tail else {}
+    return {
+        "step": state["step"],
+        "config": state["config"],
+        "step_seconds_total": round(sum(r["seconds"] for r in lines), 1),  # optimizer steps only, not start-up
+        "mean_of_last_100_logged_steps": mean,
+    }
+
+
+def ship_checkpoint(checkpoint: str | Path, name: str, dest_root: str | Path = SHIPPED_MODELS_DIR) -> Path:
+    """Copy `checkpoint` to `<dest_root>/<name>/` (replacing an older copy); returns the new folder."""
+    src = Path(checkpoint)
+    shards = sorted(src.glob("*.safetensors"))
+    if not shards or not (src / STATE_FILE).is_file():
+        raise ConfigError(f"checkpoint: {src} is not a dreamzero-train checkpoint (no *.safetensors / {STATE_FILE})")
+    size = sum(p.stat().st_size for p in shards)
+    if size > MAX_WEIGHTS_BYTES:
+        raise ConfigError(f"checkpoint: {size / 2**20:.1f} MiB of weights, over the {MAX_WEIGHTS_BYTES >> 20} MiB cap")
+    dest = Path(dest_root) / name
+    tmp = dest.with_name(f".{name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for item in [*shards, *(src / n for n in _COPIED)]:
+        if item.is_dir():
+            shutil.copytree(item, tmp / item.name)
+        elif item.is_file():
+            shutil.copy2(item, tmp / item.name)
+    (tmp / "training.json").write_text(json.dumps(_training_record(src), indent=1) + "\n")
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
+    return dest
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dreamzero.train.ship", description=__doc__.split("\n\n")[0])
+    p.add_argument("checkpoint", help="a <out>/checkpoint-<step> folder written by dreamzero-train")
+    p.add_argument("--name", required=True, help="shipped model name (served as embedded:<name>)")
+    p.add_argument("--dest", default=str(SHIPPED_MODELS_DIR), help="folder of shipped models")
+    args = p.parse_args(argv)
+    print(ship_checkpoint(args.checkpoint, args.name, args.dest))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,95 @@
+"""The trained default shipped in the package (embedded:small-scene1) and the way a config names it.
+
+Checked: the reference resolves to the packaged folder, which holds a model `load_model` reads as the `small` preset,
+its training statistics and record, within the repository size cap; the shipped serve_config.yaml serves it with
+those statistics; `model_path: null` still means the random tiny model; a bad name lists the shipped ones; the ship
+step copies what serving reads and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from dreamzero.checkpoint import load_model, save_model
+from dreamzero.config import preset
+from dreamzero.embedded_default import SHIPPED_MODELS_DIR, resolve_model_path, shipped_models
+from dreamzero.errors import ConfigError
+from dreamzero.model.dreamzero import DreamZeroModel
+from dreamzero.model.tokenizer import build_local_tokenizer
+from dreamzero.train.ship import MAX_WEIGHTS_BYTES, ship_checkpoint
+from dreamzero.train.trainer import STATE_FILE
+from serve_graph.config import parse_app_args
+from serve_graph.model_source import resolve_model
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = "small-scene1"
+
+
+def test_the_reference_resolves_to_a_loadable_small_model():
+    assert NAME in shipped_models()
+    path = Path(resolve_model_path(f"embedded:{NAME}"))
+    assert path == SHIPPED_MODELS_DIR / NAME
+    assert sum(p.stat().st_size for p in path.glob("*.safetensors")) <= MAX_WEIGHTS_BYTES
+    model = load_model(path, device="cpu", dtype=torch.float32)
+    small = preset("small")
+    assert model.config.dit == small.dit and model.config.pipeline == small.pipeline
+    assert model.config.pipeline.model_input_hw == (64, 128) and model.config.pipeline.cfg_scale == 1.0
+    # trained, not the seeded random start: the DiT differs from the preset's random weights
+    random = DreamZeroModel.from_config(small, device="cpu", dtype=torch.float32, seed=1140)
+    assert not torch.equal(model.model.state_dict()["blocks.0.self_attn.q.weight"],
+                           random.model.state_dict()["blocks.0.self_attn.q.weight"])  # fmt: skip
+    meta = json.loads((path / "experiment_cfg" / "metadata.json").read_text())
+    assert "oxe_droid" in meta and not meta["oxe_droid"].get("synthetic", False)
+    record = json.loads((path / "training.json").read_text())
+    assert record["step"] > 0 and record["config"]["embodiment"] == "oxe_droid"
+    assert not (path / STATE_FILE).exists()
+
+
+def test_the_shipped_config_serves_it_and_null_keeps_the_random_tiny_model():
+    args = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"][0]["args"]
+    cfg = parse_app_args(args)
+    assert cfg.model_path == str(SHIPPED_MODELS_DIR / NAME) and cfg.resolved_layout == "hf"
+    resolved = resolve_model(cfg)
+    assert resolved.metadata_source == str(SHIPPED_MODELS_DIR / NAME / "experiment_cfg" / "metadata.json")
+    assert parse_app_args({**args, "model_path": None}).resolved_layout is None  # the embedded tiny default
+
+
+def test_an_unknown_name_lists_the_shipped_models():
+    with pytest.raises(ConfigError, match=f"args.model_path: .*names no shipped model.*{NAME}"):
+        parse_app_args({"model_path": "embedded:nope"})
+    assert resolve_model_path("/some/where") == "/some/where" and resolve_model_path(None) is None
+
+
+def test_ship_copies_what_serving_reads(tmp_path):
+    ckpt = tmp_path / "run" / "checkpoint-0000002"
+    model = DreamZeroModel.from_config(preset("tiny"), device="cpu", dtype=torch.float32, seed=0)
+    model.text_encoder.tokenizer = build_local_tokenizer(preset("tiny").text_encoder.vocab_size)
+    save_model(model, ckpt)
+    (ckpt / "experiment_cfg").mkdir()
+    (ckpt / "experiment_cfg" / "metadata.json").write_text("{}")
+    torch.save({"step": 2, "config": {"steps": 2}, "optimizer": {}}, ckpt / STATE_FILE)
+    log = [{"step": s, "loss": 1.0 / s, "video_loss": 0.5, "action_loss": 0.5, "seconds": 2.0} for s in (1, 2, 3)]
+    (ckpt.parent / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    dest = ship_checkpoint(ckpt, "t", tmp_path / "models")
+    assert not (dest / STATE_FILE).exists() and (dest / "experiment_cfg" / "metadata.json").is_file()
+    record = json.loads((dest / "training.json").read_text())
+    assert record["step"] == 2 and record["step_seconds_total"] == 4.0  # steps after the checkpoint are not counted
+    assert load_model(dest, device="cpu", dtype=torch.float32).config.dit == preset("tiny").dit
+    with pytest.raises(ConfigError, match="checkpoint: .* is not a dreamzero-train checkpoint"):
+        ship_checkpoint(tmp_path / "models", "u", tmp_path / "models")
+
+
+def test_train_starts_from_a_named_preset(tmp_path):
+    from dreamzero.train.cli import _random_preset_model, main
+
+    path = _random_preset_model(str(tmp_path), "small")
+    assert path == tmp_path / "init-small" and load_model(path, device="cpu").config.dit == preset("small").dit
+    with pytest.raises(ConfigError, match="unknown preset 'smal'"):
+        _random_preset_model(str(tmp_path), "smal")
+    with pytest.raises(ConfigError, match="--preset and --init"):
+        main(["--dataset", str(tmp_path), "--out", str(tmp_path), "--preset", "small", "--init", str(path)])
