@@ -16,7 +16,6 @@ that knob; otherwise the compiled modes are skipped with a note). `--section` na
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import resource
@@ -80,7 +79,7 @@ def peak_memory_mb(device: torch.device) -> float:
 
 def build_modes(compile_values: list[str]) -> tuple[dict[str, dict], list[str]]:
     """The step modes, once per compile value; notes for values this tree cannot run."""
-    has_compile = "compile" in {f.name for f in dataclasses.fields(PipelineConfig)}
+    has_compile = "compile" in PipelineConfig.model_fields
     modes, notes = {}, []
     for value in compile_values:
         if value != "none" and not has_compile:
