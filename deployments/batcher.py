@@ -107,7 +107,7 @@ class ContinuousBatcher(Generic[Item, Result]):
         if target < self.max_batch_size and self._wants_company is not None:
             try:
                 wanted = any(self._wants_company(item) for item, fut in self._queue if not fut.done())
-            except Exception:
+            except Exception:  # a hint only: never let it stop the worker (and hang its callers)
                 log.exception("wants_company failed; batching without the hint")
                 wanted = False
             if wanted:
@@ -144,7 +144,7 @@ class ContinuousBatcher(Generic[Item, Result]):
                 results = await self._run([item for item, _ in taken])
                 if len(results) != len(taken):
                     raise RuntimeError(f"batch function returned {len(results)} results for {len(taken)} items")
-            except Exception as exc:
+            except Exception as exc:  # the batch's callers get the error; the worker keeps serving
                 log.exception("batch of %d failed", len(taken))
                 for _, fut in taken:
                     if not fut.done():
