@@ -61,8 +61,11 @@ def serve_cluster():
         if policy_replicas is not None:  # a config-only override: Serve scales without replacing replicas
             app["deployments"] = [{"name": "Policy", "num_replicas": policy_replicas}]
         schema = ServeDeploySchema(applications=[app])
+        started = time.time()
         # private but stable: the call `serve deploy` / `serve run <config>` end in
         serve.context._get_global_client().deploy_apps(schema)
+        # the previous version keeps answering /health during a rolling update: wait for this one to be running
+        wait_deployed(started, DEPLOY_TIMEOUT_S)
         wait_healthy(base_url, DEPLOY_TIMEOUT_S)
         if wait_for is not None:
             wait_replicas("Policy", wait_for, DEPLOY_TIMEOUT_S)
@@ -72,6 +75,24 @@ def serve_cluster():
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def wait_deployed(since: float, timeout_s: float) -> None:
+    """Until the app's config deployed at or after `since` (epoch s) is RUNNING: no replica of an older one serves."""
+    from ray import serve
+    from ray.serve.schema import ApplicationStatus
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = serve.status().applications.get(APP)
+        if (
+            status is not None
+            and status.last_deployed_time_s >= since - 1.0
+            and status.status == ApplicationStatus.RUNNING
+        ):
+            return
+        time.sleep(0.5)
+    raise TimeoutError(f"app {APP} did not run its new config within {timeout_s} s")
 
 
 def wait_healthy(base_url: str, timeout_s: float) -> None:
