@@ -46,6 +46,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--save-every", type=int, default=d.save_every)
     p.add_argument("--max-episodes", type=int, default=None)
+    p.add_argument(
+        "--action-loss-weight",
+        type=float,
+        default=d.action_loss_weight,
+        help="weight of the action flow-matching term in the total loss (upstream: 1)",
+    )
+    p.add_argument(
+        "--start-stride",
+        type=int,
+        default=d.start_stride,
+        help="clips start only at frames that are multiples of this (1: any frame)",
+    )
+    p.add_argument(
+        "--cache-encodings",
+        action="store_true",
+        help="encode each distinct clip once and keep it in memory (pair with --start-stride)",
+    )
     p.add_argument("--cpu-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-resume", action="store_true", help="start fresh even if --out holds a checkpoint")
     return p
@@ -76,6 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         steps=args.steps, batch_size=args.batch_size, blocks=args.blocks, lr=args.lr, weight_decay=args.weight_decay,
         warmup_steps=args.warmup_steps, grad_clip=args.grad_clip, seed=args.seed, device=args.device,
         dtype=args.dtype, log_every=args.log_every, save_every=args.save_every, max_episodes=args.max_episodes,
+        action_loss_weight=args.action_loss_weight, start_stride=args.start_stride,
+        cache_encodings=args.cache_encodings,
     )  # fmt: skip
     trainer = Trainer(cfg, resume=not args.no_resume)
     records = trainer.run()

@@ -164,21 +164,39 @@ def make_clip(episode: EpisodeArrays, t0: int, blocks: int, embodiment: Embodime
 
 
 class ClipSampler:
-    """Random clips (episode uniform, then t0 uniform over the episode) from a seeded numpy generator."""
+    """Random clips (episode uniform, then t0 uniform over the episode's starts) from a seeded numpy generator.
 
-    def __init__(self, episodes: list[EpisodeArrays], embodiment: Embodiment, blocks: int, seed: int = 0):
+    `start_stride` > 1 starts clips only at frames that are multiples of it: a bounded set of distinct clips, which
+    is what lets the trainer encode each clip once and reuse it (`--cache-encodings`). A served session starts at
+    frame 0 and restarts every `max_chunk_size` chunks, so multiples of the action horizon are the starts it sees.
+    """
+
+    def __init__(
+        self, episodes: list[EpisodeArrays], embodiment: Embodiment, blocks: int, seed: int = 0, start_stride: int = 1
+    ):
         if not episodes:
             raise ConfigError("dataset: no episodes to train on")
         if blocks < 1:
             raise ConfigError(f"blocks: expected >= 1, got {blocks}")
+        if start_stride < 1:
+            raise ConfigError(f"start_stride: expected >= 1, got {start_stride}")
         self.episodes, self.embodiment, self.blocks = episodes, embodiment, blocks
+        self.start_stride = start_stride
         self.rng = np.random.default_rng(seed)
 
-    def sample(self, batch_size: int) -> list[Clip]:
-        clips = []
+    def sample_keys(self, batch_size: int) -> list[tuple[int, int]]:
+        """(episode index, t0) of `batch_size` random clips."""
+        keys = []
         for _ in range(batch_size):
-            ep = self.episodes[int(self.rng.integers(len(self.episodes)))]
+            e = int(self.rng.integers(len(self.episodes)))
             # keep at least one block of real motion after t0
-            t0 = int(self.rng.integers(max(1, len(ep) - self.embodiment.action_horizon)))
-            clips.append(make_clip(ep, t0, self.blocks, self.embodiment))
-        return clips
+            span = max(1, len(self.episodes[e]) - self.embodiment.action_horizon)
+            keys.append((e, self.start_stride * int(self.rng.integers(-(-span // self.start_stride)))))
+        return keys
+
+    def clip(self, key: tuple[int, int]) -> Clip:
+        episode, t0 = key
+        return make_clip(self.episodes[episode], t0, self.blocks, self.embodiment)
+
+    def sample(self, batch_size: int) -> list[Clip]:
+        return [self.clip(k) for k in self.sample_keys(batch_size)]

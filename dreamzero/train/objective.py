@@ -13,12 +13,12 @@
    actions ("coupled", upstream's default); x_t = (1 - sigma) x0 + sigma eps, target eps - x0.
 4. Loss: per block, MSE of the video velocity (mean over channels and pixels) and of the action velocity (padded
    action dims masked to 0, mean over all model dims as upstream), each times the schedule weight of the block's
-   timestep; total = mean video term + mean action term.
+   timestep; total = mean video term + action_weight * mean action term (upstream: action_weight 1).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -46,6 +46,16 @@ class EncodedBatch:
     @property
     def blocks(self) -> int:
         return self.block_latents.shape[1]
+
+    @staticmethod
+    def cat(batches: list[EncodedBatch]) -> EncodedBatch:
+        """One batch of the clips of several (same blocks, same model)."""
+
+        def join(name):
+            parts = [getattr(b, name) for b in batches]
+            return None if parts[0] is None else torch.cat(parts, dim=0)
+
+        return EncodedBatch(**{f.name: join(f.name) for f in fields(EncodedBatch)})
 
 
 def _frames(images: np.ndarray, hw, device, dtype) -> torch.Tensor:
@@ -102,13 +112,19 @@ class LossTerms:
 
 
 def teacher_forced_loss(
-    dit, batch: EncodedBatch, schedule: TrainingSchedule, generator: torch.Generator, autocast_dtype=None
+    dit,
+    batch: EncodedBatch,
+    schedule: TrainingSchedule,
+    generator: torch.Generator,
+    autocast_dtype=None,
+    action_weight: float = 1.0,
 ) -> LossTerms:
     """Flow-matching loss of B clips, block by block over the KV cache (see the module docstring).
 
     `generator` draws the timesteps and the noise (on its own device, then moved): reseeding it replays the same
     noisy inputs, which is how a fixed batch is evaluated. `autocast_dtype` (e.g. torch.bfloat16) runs the DiT under
-    torch.autocast on the batch's device type; losses are always computed in float32.
+    torch.autocast on the batch's device type; losses are always computed in float32. `action_weight` scales the
+    action term of the total (the returned `action` term is unscaled).
     """
     b, k = batch.block_latents.shape[:2]
     nfpb = dit.cfg.num_frame_per_block
@@ -160,4 +176,4 @@ def teacher_forced_loss(
                 ).kv_cache
     video = torch.stack(video_terms).mean()
     action = torch.stack(action_terms).mean()
-    return LossTerms(loss=video + action, video=video.detach(), action=action.detach())
+    return LossTerms(loss=video + action_weight * action, video=video.detach(), action=action.detach())

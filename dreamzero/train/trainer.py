@@ -22,7 +22,7 @@ import torch
 
 from dreamzero.errors import ConfigError
 from dreamzero.train.data import ClipSampler, load_episodes
-from dreamzero.train.objective import encode_clips, teacher_forced_loss
+from dreamzero.train.objective import EncodedBatch, encode_clips, teacher_forced_loss
 from dreamzero.train.schedule import TrainingSchedule
 
 log = logging.getLogger(__name__)
@@ -55,15 +55,20 @@ class TrainConfig:
     log_every: int = 1
     save_every: int = 50
     max_episodes: int | None = None
+    action_loss_weight: float = 1.0  # weight of the action term in the total (upstream: 1)
+    start_stride: int = 1  # clips start at multiples of this frame (1: any frame)
+    cache_encodings: bool = False  # encode each distinct clip once and keep it (encoders are frozen)
 
     def validate(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype: expected one of {sorted(DTYPES)}, got {self.dtype!r}")
-        for name in ("steps", "batch_size", "blocks", "log_every", "save_every"):
+        for name in ("steps", "batch_size", "blocks", "log_every", "save_every", "start_stride"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: expected >= 1, got {getattr(self, name)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ConfigError(f"lr: expected a positive number, got {self.lr}")
+        if not (self.action_loss_weight >= 0 and math.isfinite(self.action_loss_weight)):
+            raise ConfigError(f"action_loss_weight: expected a number >= 0, got {self.action_loss_weight}")
         if self.warmup_steps < 0 or self.grad_clip < 0:
             raise ConfigError("warmup_steps and grad_clip must be >= 0")
 
@@ -122,7 +127,8 @@ class Trainer:
                 f"predicts {dit_cfg.num_action_per_block} actions per block"
             )
         episodes = load_episodes(cfg.dataset, self.embodiment, cfg.max_episodes)
-        self.sampler = ClipSampler(episodes, self.embodiment, cfg.blocks, seed=cfg.seed)
+        self.sampler = ClipSampler(episodes, self.embodiment, cfg.blocks, seed=cfg.seed, start_stride=cfg.start_stride)
+        self.encoded: dict[tuple[int, int], EncodedBatch] = {}  # (episode, t0) -> that clip's encodings
         self.schedule = TrainingSchedule(device=cfg.device)
         self.generator = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
         params = [p for p in self.model.model.parameters() if p.requires_grad]
@@ -142,14 +148,29 @@ class Trainer:
         progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
         return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
+    def next_batch(self) -> EncodedBatch:
+        """A random batch, its clips encoded by the frozen encoders (once per clip with cache_encodings)."""
+        keys = self.sampler.sample_keys(self.cfg.batch_size)
+        if not self.cfg.cache_encodings:
+            return encode_clips(self.model, [self.sampler.clip(k) for k in keys])
+        for k in keys:
+            if k not in self.encoded:
+                self.encoded[k] = encode_clips(self.model, [self.sampler.clip(k)])
+        return EncodedBatch.cat([self.encoded[k] for k in keys])
+
+    def _loss(self, batch: EncodedBatch, generator: torch.Generator):
+        return teacher_forced_loss(
+            self.model.model, batch, self.schedule, generator, DTYPES[self.cfg.dtype], self.cfg.action_loss_weight
+        )
+
     def train_step(self, batch=None) -> dict:
         """One optimizer step on `batch` (an EncodedBatch; None: a fresh random one). Returns the logged numbers."""
         t0 = time.monotonic()
         if batch is None:
-            batch = encode_clips(self.model, self.sampler.sample(self.cfg.batch_size))
+            batch = self.next_batch()
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(self.step)
-        terms = teacher_forced_loss(self.model.model, batch, self.schedule, self.generator, DTYPES[self.cfg.dtype])
+        terms = self._loss(batch, self.generator)
         self.optimizer.zero_grad(set_to_none=True)
         terms.loss.backward()
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
@@ -169,7 +190,7 @@ class Trainer:
         """Loss of `batch` with the noise / timesteps of `seed` (no update): the same inputs every call."""
         self.model.model.eval()
         gen = torch.Generator(device=self.cfg.device).manual_seed(seed)
-        terms = teacher_forced_loss(self.model.model, batch, self.schedule, gen, DTYPES[self.cfg.dtype])
+        terms = self._loss(batch, gen)
         self.model.model.train()
         return {"loss": terms.loss.item(), "video_loss": terms.video.item(), "action_loss": terms.action.item()}
 

@@ -10,6 +10,7 @@ pytest.importorskip("imageio_ffmpeg")
 
 from dreamzero.embodiments import get_embodiment
 from dreamzero.embodiments.base import PostprocessContext
+from dreamzero.errors import ConfigError
 from dreamzero.lerobot_dataset import LeRobotDataset, get_preset
 from dreamzero.metadata_cli import compute_metadata
 from dreamzero.train.data import ClipSampler, load_episodes, make_clip
@@ -85,3 +86,18 @@ def test_schedule_tables():
     out = s.add_noise(x0, noise, torch.tensor([0, 999]))
     np.testing.assert_allclose(out[0].numpy(), 0.0, atol=1e-6)  # sigma 1: pure noise
     assert float(out[1, 0]) > 0.99  # the last entry is nearly clean
+
+
+def test_start_stride_bounds_the_clip_starts(dataset):
+    _, embodiment, episodes = dataset
+    any_start = ClipSampler(episodes, embodiment, blocks=1, seed=5)
+    assert [c.actions.tolist() for c in any_start.sample(3)] == [
+        any_start.clip(k).actions.tolist() for k in ClipSampler(episodes, embodiment, blocks=1, seed=5).sample_keys(3)
+    ]  # sample() is clip(key) over sample_keys(): the same seeded draws
+    strided = ClipSampler(episodes, embodiment, blocks=1, seed=5, start_stride=8)
+    keys = strided.sample_keys(200)
+    starts = {t0 for _, t0 in keys}
+    span = len(episodes[0]) - embodiment.action_horizon  # 36: starts 0, 8, ..., 32
+    assert starts == set(range(0, span, 8)), starts
+    with pytest.raises(ConfigError, match="start_stride"):
+        ClipSampler(episodes, embodiment, blocks=1, start_stride=0)

@@ -12,7 +12,7 @@ pytest.importorskip("imageio_ffmpeg")
 from dreamzero.checkpoint import load_model
 from dreamzero.errors import ConfigError
 from dreamzero.train.cli import main
-from dreamzero.train.objective import encode_clips
+from dreamzero.train.objective import EncodedBatch, encode_clips
 from dreamzero.train.trainer import LATEST_FILE, LOG_FILE, STATE_FILE, TrainConfig, Trainer
 from tests.unit.train_fixtures import write_synthetic_dataset
 
@@ -79,6 +79,12 @@ def test_cli_runs_and_reports(dataset, tmp_path, capsys):
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["step"] == 1 and report["last"]["loss"] > 0
+    # the options of our own reach the run's config (kept in the checkpoint's trainer state)
+    extra = ["--action-loss-weight", "3", "--start-stride", "12", "--cache-encodings", "--save-every", "1"]
+    assert main([*args[:3], str(tmp_path / "cli2"), *args[4:], *extra]) == 0
+    ckpt = tmp_path / "cli2" / "checkpoint-0000001"
+    config = torch.load(ckpt / STATE_FILE, weights_only=False)["config"]
+    assert (config["action_loss_weight"], config["start_stride"], config["cache_encodings"]) == (3.0, 12, True)
 
 
 def test_bad_settings_name_the_field(dataset, tmp_path):
@@ -97,3 +103,35 @@ def test_the_same_loop_runs_on_a_gpu_in_bfloat16(dataset, tmp_path):
     assert next(trainer.model.model.parameters()).dtype == torch.float32  # autocast only; fp32 master weights
     resumed = Trainer(_cfg(dataset, tmp_path / "gpu", device="cuda", dtype="bfloat16", steps=3))
     assert resumed.step == 2
+
+
+def test_cached_encodings_match_fresh_ones_and_are_reused(dataset, tmp_path, monkeypatch):
+    trainer = Trainer(_cfg(dataset, tmp_path / "run", start_stride=12, cache_encodings=True, batch_size=3))
+    for _ in range(6):
+        batch = trainer.next_batch()
+    keys = list(trainer.encoded)
+    assert keys and all(t0 % 12 == 0 for _, t0 in keys)
+    fresh = encode_clips(trainer.model, [trainer.sampler.clip(k) for k in keys])
+    cached = EncodedBatch.cat([trainer.encoded[k] for k in keys])
+    for name in ("text", "clip_feature", "y", "anchor_latent", "block_latents", "state", "actions"):
+        torch.testing.assert_close(getattr(cached, name), getattr(fresh, name), atol=1e-5, rtol=1e-4, msg=name)
+    assert batch.block_latents.shape[0] == 3
+    # every start is cached now (2 episodes x starts 0, 12, 24 of 36): no more encoder calls
+    for _ in range(20):
+        trainer.next_batch()
+    calls = []
+    monkeypatch.setattr("dreamzero.train.trainer.encode_clips", lambda *a: calls.append(a))
+    for _ in range(5):
+        trainer.next_batch()
+    assert len(trainer.encoded) == 6 and calls == []
+
+
+def test_action_loss_weight_scales_the_action_term(dataset, tmp_path):
+    plain = Trainer(_cfg(dataset, tmp_path / "a"))
+    weighted = Trainer(_cfg(dataset, tmp_path / "b", action_loss_weight=10.0))
+    batch = encode_clips(plain.model, plain.sampler.sample(2))
+    a, b = plain.evaluate(batch, seed=3), weighted.evaluate(batch, seed=3)
+    assert a["action_loss"] == pytest.approx(b["action_loss"]) and a["video_loss"] == pytest.approx(b["video_loss"])
+    assert b["loss"] == pytest.approx(b["video_loss"] + 10.0 * b["action_loss"], rel=1e-5)
+    with pytest.raises(ConfigError, match="action_loss_weight"):
+        Trainer(_cfg(dataset, tmp_path / "c", action_loss_weight=-1.0))
