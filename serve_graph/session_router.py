@@ -10,6 +10,10 @@ robots mid-episode and a dead replica's sessions restarted twice (on a survivor,
    replicas (session count within `load_slack` of the minimum): a pure function of (key, broadcast), so every router
    instance (one per ingress replica and proxy) picks the same replica without talking to the others, and new
    sessions land on new replicas after a scale-up.
+   An orphan (a key last reported by a replica that is gone: it died or was stopped) goes by rendezvous over the live
+   replicas without the load filter. Its old replica's sessions are being placed again all at once, and the survivors'
+   reports of them reach the routers one replica at a time: counts that differ between two routers for a moment
+   must not send one orphan to two replicas (a second restart). The live set alone is the same for every router.
 3. Between a session's first request and the next stats broadcast, each router remembers where it placed the key
    (`placement_ttl_s`); other routers compute the same placement from the same broadcast.
 4. A replica that Serve stops (scale-down) leaves the broadcast at once: it gets no new sessions and its sessions
@@ -87,11 +91,13 @@ def choose_replica(
     replicas: Iterable[ReplicaView],
     placed: str | None = None,
     load_slack: int = 1,
+    orphan: bool = False,
 ) -> str | None:
     """The replica id for routing key `key`, or None when there is no replica.
 
     `placed` is where this router put the key recently (before any report could show it); it is honoured while that
-    replica is live and no replica reports the key.
+    replica is live and no replica reports the key. `orphan`: the key's last reporting replica is gone, so it is
+    placed without the load filter (see the module docstring, 2).
     """
     views = list(replicas)
     if not views:
@@ -104,6 +110,8 @@ def choose_replica(
     # a replica that joined since the last reports gets new sessions only once it reported: until then the routers
     # could disagree on a session placed just before it joined (one router remembers, another recomputes)
     views = [r for r in views if r.reported] or views
+    if orphan:
+        return max(views, key=lambda r: rendezvous_score(key, r.replica_id)).replica_id
     least = min(r.sessions for r in views)
     eligible = [r for r in views if r.sessions <= least + load_slack]
     return max(eligible, key=lambda r: rendezvous_score(key, r.replica_id)).replica_id
@@ -146,6 +154,31 @@ class PlacementMemo:
 
     def __len__(self) -> int:
         return len(self._placed)
+
+
+class LastHolders:
+    """The replica that last reported each key (from the broadcasts), bounded: the oldest entries go first."""
+
+    def __init__(self, max_entries: int = 100_000):
+        self._max = int(max_entries)
+        self._holder: dict[str, str] = {}
+
+    def update(self, views: Iterable[ReplicaView]) -> None:
+        for view in views:
+            for key in view.keys:
+                if self._holder.get(key) != view.replica_id:
+                    self._holder.pop(key, None)
+                    self._holder[key] = view.replica_id
+        while len(self._holder) > self._max:
+            del self._holder[next(iter(self._holder))]
+
+    def is_orphan(self, key: str, live: Iterable[str]) -> bool:
+        """True when the key was last reported by a replica that is not among `live`."""
+        holder = self._holder.get(key)
+        return holder is not None and holder not in set(live)
+
+    def __len__(self) -> int:
+        return len(self._holder)
 
 
 class HeldKeys:
@@ -200,6 +233,7 @@ class SessionRouter(ConsistentHashRouter):
         self._memo = PlacementMemo(PLACEMENT_TTL_S)
         self._load_slack = 1
         self._views: dict[str, ReplicaView] = {}
+        self._last_holders = LastHolders()
 
     def initialize_state(self, **kwargs) -> None:
         ttl = kwargs.get("placement_ttl_s", PLACEMENT_TTL_S)
@@ -215,6 +249,7 @@ class SessionRouter(ConsistentHashRouter):
     def update_replicas(self, replicas) -> None:
         super().update_replicas(replicas)
         self._views = {r.replica_id.unique_id: replica_view(r.replica_id.unique_id, r.routing_stats) for r in replicas}
+        self._last_holders.update(self._views.values())
         reported = set().union(*(v.keys for v in self._views.values())) if self._views else set()
         self._memo.forget(reported)  # a report is the truth from now on
         self._memo.prune()
@@ -228,7 +263,8 @@ class SessionRouter(ConsistentHashRouter):
         pending_request.routing_context.should_backoff = True
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         views = [self._views.get(rid, ReplicaView(rid, reported=False)) for rid in by_id]
-        chosen = choose_replica(key, views, self._memo.get(key), self._load_slack)
+        orphan = self._last_holders.is_orphan(key, by_id)
+        chosen = choose_replica(key, views, self._memo.get(key), self._load_slack, orphan)
         if chosen is None:
             return []
         if not any(key in v.keys for v in views):

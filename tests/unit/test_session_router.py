@@ -15,6 +15,7 @@ from serve_graph.session_router import (
     STATS_KEYS,
     STATS_SESSIONS,
     HeldKeys,
+    LastHolders,
     PlacementMemo,
     ReplicaView,
     SessionRouter,
@@ -67,6 +68,29 @@ def test_a_dead_replicas_sessions_move_once_and_stay():
     held = {r: {k for k, v in second.items() if v == r} for r in ("r0", "r1")}
     with_replacement = [*_views(2, held), ReplicaView("r3")]
     assert all(choose_replica(k, with_replacement) == second[k] for k in keys)
+
+
+def test_a_dead_replicas_orphans_go_to_the_same_survivor_whatever_the_counts_say():
+    # two routers see the survivors' reports at different moments: one has r0's report of 6 re-placed sessions, the
+    # other not yet. With the load filter they would part ways; an orphan is placed by the live set alone.
+    keys = [f"robot-{i}" for i in range(40)]
+    early = [ReplicaView("r0", frozenset({f"moved-{i}" for i in range(6)}), 6), ReplicaView("r1"), ReplicaView("r2")]
+    late = [ReplicaView("r0"), ReplicaView("r1"), ReplicaView("r2")]
+    a = [choose_replica(k, early, orphan=True) for k in keys]
+    b = [choose_replica(k, late, orphan=True) for k in keys]
+    assert a == b and set(a) == {"r0", "r1", "r2"}
+    assert [choose_replica(k, early) for k in keys] != b  # what the load filter alone would have done
+
+
+def test_last_holders_name_orphans_and_stay_bounded():
+    holders = LastHolders(max_entries=3)
+    holders.update([ReplicaView("r0", frozenset({"a", "b"}), 2), ReplicaView("r1", frozenset({"c"}), 1)])
+    assert holders.is_orphan("a", ["r1"]) and not holders.is_orphan("a", ["r0", "r1"])
+    assert not holders.is_orphan("never-seen", ["r1"])  # a new session is not an orphan
+    holders.update([ReplicaView("r1", frozenset({"a"}), 1)])  # re-placed and reported on r1
+    assert not holders.is_orphan("a", ["r1"])
+    holders.update([ReplicaView("r2", frozenset({"d", "e"}), 2)])
+    assert len(holders) == 3  # the oldest went
 
 
 def test_two_holders_agree_on_one():
