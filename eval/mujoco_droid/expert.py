@@ -76,6 +76,37 @@ def sample_layout(rng: np.random.Generator, layouts: str = "wide") -> Layout:
     raise RuntimeError(f"could not place the cube and the bowl apart (the {layouts!r} layout ranges are too small)")
 
 
+@dataclass(frozen=True)
+class Detours:
+    """Via points the expert passes on its way (x, y in the base frame, m; None: the straight path).
+
+    `reach` is visited at the approach height before the cube, `carry` at the transport height before the bowl.
+    A detour puts the arm where the object is not, and the expert then corrects from there: demonstrations whose
+    state alone no longer says where the object is, so a policy trained on them has to read it from the images.
+    """
+
+    reach: tuple[float, float] | None = None
+    carry: tuple[float, float] | None = None
+
+
+DETOUR_MARGIN_M = 0.04  # via points are drawn from the object's patch widened by this much on every side
+
+
+def sample_detours(rng: np.random.Generator, layouts: str, probability: float) -> Detours:
+    """Each of the two detours independently with `probability`, its via point uniform over the (widened) patch of
+    the object it leads to."""
+    if not 0.0 <= probability <= 1.0:
+        raise ConfigError(f"detours: expected a probability in [0, 1], got {probability}")
+    spec = layout_range(layouts)
+
+    def via(box) -> tuple[float, float] | None:
+        lo, hi = np.asarray(box[0]) - DETOUR_MARGIN_M, np.asarray(box[1]) + DETOUR_MARGIN_M
+        point = rng.uniform(lo, hi)  # drawn even when unused, so one episode's choices never shift the next's
+        return (float(point[0]), float(point[1])) if rng.uniform() < probability else None
+
+    return Detours(reach=via(spec.object_box), carry=via(spec.target_box))
+
+
 def reset_with_layout(env, seed: int, layout: Layout) -> dict:
     """Reset `env` (a MujocoDroidEnv on scene 1) and move the cube and the bowl to `layout`; returns the observation."""
     if env.scene_id != 1:
@@ -141,8 +172,8 @@ class ScriptedExpert:
         self._i = 0
         self._q = HOME_QPOS.copy()
 
-    def reset(self) -> None:
-        """Plan from the current object positions (call after the env reset)."""
+    def reset(self, detours: Detours | None = None) -> None:
+        """Plan from the current object positions (call after the env reset), through `detours`' via points."""
         poses = self.env.object_poses()
         cube = poses[self.env.scene.object_name][:3]
         bowl = poses[self.env.scene.target_name][:3]
@@ -152,17 +183,23 @@ class ScriptedExpert:
         lift = np.array([cube[0], cube[1], _CARRY_Z])
         over_bowl = np.array([bowl[0], bowl[1], _CARRY_Z])
         release = np.array([bowl[0], bowl[1], _RELEASE_Z])
-        plan: list[tuple[np.ndarray, float]] = []
-        for a, b, grip in (
-            (start, above_cube, 0.0),
+        detours = detours or Detours()
+        reach = [] if detours.reach is None else [(start, np.array([*detours.reach, _HOVER_Z]), 0.0)]
+        carry = [] if detours.carry is None else [(lift, np.array([*detours.carry, _CARRY_Z]), 1.0)]
+        legs = [
+            *reach,
+            (reach[0][1] if reach else start, above_cube, 0.0),
             (above_cube, grasp, 0.0),
             (grasp, grasp, 1.0),
             (grasp, lift, 1.0),
-            (lift, over_bowl, 1.0),
+            *carry,
+            (carry[0][1] if carry else lift, over_bowl, 1.0),
             (over_bowl, release, 1.0),
             (release, release, 0.0),
             (release, over_bowl, 0.0),
-        ):
+        ]
+        plan: list[tuple[np.ndarray, float]] = []
+        for a, b, grip in legs:
             if np.array_equal(a, b):
                 plan += [(b.copy(), grip)] * _GRIP_HOLD_STEPS
             else:

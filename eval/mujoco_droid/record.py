@@ -23,7 +23,14 @@ import pyarrow.parquet as pq
 
 from dreamzero.errors import ConfigError
 from eval.env_contract import IMAGE_KEYS
-from eval.mujoco_droid.expert import LAYOUTS, ScriptedExpert, layout_range, reset_with_layout, sample_layout
+from eval.mujoco_droid.expert import (
+    LAYOUTS,
+    ScriptedExpert,
+    layout_range,
+    reset_with_layout,
+    sample_detours,
+    sample_layout,
+)
 from eval.mujoco_droid.lerobot_writer import Episode, write_dataset
 
 log = logging.getLogger(__name__)
@@ -47,11 +54,15 @@ MODALITY = {
 HOLD_STEPS = 6  # steps recorded after the plan ends, so the last frames show the cube at rest in the bowl
 
 
-def record_episode(env, expert: ScriptedExpert, seed: int, layouts: str = "wide") -> tuple[Episode, bool]:
-    """One expert episode from layout seed `seed`; returns it and whether the cube ended in the bowl."""
+def record_episode(
+    env, expert: ScriptedExpert, seed: int, layouts: str = "wide", detours: float = 0.0
+) -> tuple[Episode, bool]:
+    """One expert episode from layout seed `seed` (detours with probability `detours`, drawn from the same seed);
+    returns it and whether the cube ended in the bowl."""
     layout = sample_layout(np.random.default_rng(seed), layouts)
+    via = sample_detours(np.random.default_rng([seed, 1]), layouts, detours)
     obs = reset_with_layout(env, seed, layout)
-    expert.reset()
+    expert.reset(via)
     states, actions, frames = [], [], {k: [] for k in VIDEO_FEATURES}
     for _ in range(min(expert.planned_steps + HOLD_STEPS, env.max_episode_steps)):
         action = expert.act()
@@ -64,7 +75,13 @@ def record_episode(env, expert: ScriptedExpert, seed: int, layouts: str = "wide"
         task=env.instruction,
         vectors={"observation.state": np.stack(states), "action": np.stack(actions)},
         videos={VIDEO_FEATURES[k]: np.stack(v) for k, v in frames.items()},
-        extra={"seed": seed, "object_xy": layout.object_xy, "target_xy": layout.target_xy},
+        extra={
+            "seed": seed,
+            "object_xy": layout.object_xy,
+            "target_xy": layout.target_xy,
+            "detour_reach_xy": via.reach,
+            "detour_carry_xy": via.carry,
+        },  # fmt: skip
     )
     return episode, bool(info["success"])
 
@@ -77,11 +94,13 @@ def record_demos(
     render_quality: str = "quality",
     max_attempts: int | None = None,
     layouts: str = "wide",
+    detours: float = 0.0,
 ) -> dict:
     """Record `num_episodes` successful episodes under `out`; returns a summary (attempts, success rate, frames)."""
     from eval.mujoco_droid.env import MujocoDroidEnv
 
-    layout_range(layouts)  # fail on a bad name before building the scene
+    layout_range(layouts)  # fail on a bad name or probability before building the scene
+    sample_detours(np.random.default_rng(0), layouts, detours)
     if num_episodes < 1:
         raise ConfigError(f"episodes: expected >= 1, got {num_episodes}")
     max_attempts = max_attempts or 2 * num_episodes + 5
@@ -92,7 +111,7 @@ def record_demos(
         while len(kept) < num_episodes:
             if attempts >= max_attempts:
                 raise RuntimeError(f"only {len(kept)} of {attempts} expert episodes succeeded; stopping")
-            episode, success = record_episode(env, expert, seed + attempts, layouts)
+            episode, success = record_episode(env, expert, seed + attempts, layouts, detours)
             attempts += 1
             log.info("episode seed %d: %d steps, success=%s", episode.extra["seed"], len(episode), success)
             if success:
@@ -183,6 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--render-quality", choices=("quality", "fast"), default="quality")
     parser.add_argument("--layouts", choices=sorted(LAYOUTS), default="wide", help="cube / bowl placement ranges")
     parser.add_argument("--workers", type=int, default=1, help="recorder processes (seed ranges 10000 apart)")
+    parser.add_argument(
+        "--detours", type=float, default=0.0, metavar="P",
+        help="probability of each detour (a via point before the cube, one before the bowl) per episode",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.workers < 1:
@@ -190,12 +213,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.workers > 1:
         shared = ["--image-size", *map(str, args.image_size), "--render-quality", args.render_quality]
         summary = record_in_parallel(
-            args.out, args.episodes, args.seed, args.workers, [*shared, "--layouts", args.layouts]
+            args.out,
+            args.episodes,
+            args.seed,
+            args.workers,
+            [*shared, "--layouts", args.layouts, "--detours", str(args.detours)],
         )
         print(json.dumps(summary))
         return 0
     summary = record_demos(
-        args.out, args.episodes, args.seed, tuple(args.image_size), args.render_quality, layouts=args.layouts
+        args.out,
+        args.episodes,
+        args.seed,
+        tuple(args.image_size),
+        args.render_quality,
+        layouts=args.layouts,
+        detours=args.detours,
     )
     print(json.dumps(summary))
     return 0
