@@ -2,8 +2,10 @@
 
 Copies what serving reads (config.json, the safetensors shards and their index, tokenizer/, experiment_cfg/
 metadata.json) into `dreamzero/assets/models/<name>/`, leaves the optimizer state behind, and writes
-`training.json` beside them (the run's TrainConfig, the last logged losses, the wall time), so a config can serve it
-as `model_path: embedded:<name>`. Refuses a checkpoint whose weights exceed the size limit of a repository file.
+`training.json` beside them (the run's TrainConfig, the last logged losses, the wall time; and, when the run started
+`--init` from another dreamzero-train checkpoint that still exists, that run's record under `init_record`, and so on
+back to the first stage), so a config can serve it as `model_path: embedded:<name>`. Refuses a checkpoint whose
+weights exceed the size limit of a repository file.
 """
 
 from __future__ import annotations
@@ -24,19 +26,25 @@ MAX_WEIGHTS_BYTES = 30 * 2**20
 _COPIED = ("config.json", "model.safetensors.index.json", "tokenizer", "experiment_cfg")
 
 
-def _training_record(checkpoint: Path) -> dict:
+def _training_record(checkpoint: Path, depth: int = 0) -> dict:
     state = torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
     log_path = checkpoint.parent / LOG_FILE
     lines = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.is_file() else []
     lines = [r for r in lines if r["step"] <= state["step"]]
     tail = lines[-100:]
     mean = {k: sum(r[k] for r in tail) / len(tail) for k in ("loss", "video_loss", "action_loss")} if tail else {}
-    return {
+    record = {
         "step": state["step"],
         "config": state["config"],
         "step_seconds_total": round(sum(r["seconds"] for r in lines), 1),  # optimizer steps only, not start-up
         "mean_of_last_100_logged_steps": mean,
     }
+    init = state["config"].get("init") if isinstance(state["config"], dict) else None
+    if (
+        init and (Path(init) / STATE_FILE).is_file() and depth < 16
+    ):  # a multi-stage model: record the stage it started from
+        record["init_record"] = _training_record(Path(init), depth + 1)
+    return record
 
 
 def ship_checkpoint(checkpoint: str | Path, name: str, dest_root: str | Path = SHIPPED_MODELS_DIR) -> Path:

@@ -80,8 +80,19 @@ def test_ship_copies_what_serving_reads(tmp_path):
     record = json.loads((dest / "training.json").read_text())
     assert record["step"] == 2 and record["step_seconds_total"] == 4.0  # steps after the checkpoint are not counted
     assert load_model(dest, device="cpu", dtype=torch.float32).config.dit == preset("tiny").dit
+    assert "init_record" not in record
     with pytest.raises(ConfigError, match="checkpoint: .* is not a dreamzero-train checkpoint"):
         ship_checkpoint(tmp_path / "models", "u", tmp_path / "models")
+    # a second stage started from that checkpoint: its record carries the first stage's
+    second = tmp_path / "run2" / "checkpoint-0000005"
+    save_model(model, second)
+    (second / "experiment_cfg").mkdir()
+    (second / "experiment_cfg" / "metadata.json").write_text("{}")
+    torch.save({"step": 5, "config": {"steps": 5, "init": str(ckpt)}, "optimizer": {}}, second / STATE_FILE)
+    record = json.loads((ship_checkpoint(second, "t2", tmp_path / "models") / "training.json").read_text())
+    assert (
+        record["step"] == 5 and record["init_record"]["step"] == 2 and record["init_record"]["config"] == {"steps": 2}
+    )
 
 
 def test_train_starts_from_a_named_preset(tmp_path):
