@@ -1,0 +1,56 @@
+"""The teacher-forced reach check (`python -m eval.mujoco_droid.reach_check`): exact for a policy that replays the
+expert, a measurable error for one that does not, and clear errors for a bad episode range."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mujoco")
+pytest.importorskip("franky_sim")
+pytest.importorskip("imageio_ffmpeg")
+
+from dreamzero.errors import ConfigError
+from dreamzero.policy import ReplayPolicy
+from eval.mujoco_droid.reach_check import main, reach_check
+from eval.mujoco_droid.record import record_demos
+
+
+@pytest.fixture(scope="module")
+def demos(tmp_path_factory):
+    root = tmp_path_factory.mktemp("reach") / "demos"
+    record_demos(root, 3, seed=11, image_size=(64, 112), render_quality="fast", layouts="compact")
+    return root
+
+
+def test_a_policy_replaying_the_expert_scores_zero(demos):
+    rows = reach_check(lambda ep: ReplayPolicy(demos, ep), demos, range(3))
+    assert [r["chunk"] for r in rows] == [1, 2] and all(r["group"] == "all" for r in rows)
+    for row in rows:
+        assert row["episodes"] == 3 and row["error_cm"] == 0.0 and row["offset_cm_xy"] == [0.0, 0.0]
+        assert row["corr_xy"] == [1.0, 1.0] and row["slope_xy"] == [1.0, 1.0]
+        assert row["constant_error_cm"] > 0.5  # the three layouts differ, so a constant answer does not
+
+
+class _Hold:
+    """Answers every query with the current joints: the tool stays where it is."""
+
+    def infer(self, observation, session_id, reset=False, seed=None):
+        q = np.append(observation["state.joint_position"], 0.0)
+        return type("R", (), {"actions": np.tile(q, (24, 1))})()
+
+
+def test_a_policy_that_does_not_move_is_off_by_the_expert_reach(demos):
+    rows = reach_check(lambda ep: _Hold(), demos, range(3))
+    assert rows[0]["error_cm"] > 5.0 and rows[0]["corr_xy"] == [None, None]  # the same home pose in every layout
+
+
+def test_the_cli_runs_a_model_and_names_a_bad_range(demos, capsys):
+    assert main(["--model-path", "embedded:small-scene1", "--dataset", str(demos), "--episodes", "0:2"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["chunk"] for r in rows] == [1, 2] and all(r["error_cm"] >= 0 for r in rows)
+    for bad in ("0:9", "2", "a:b"):
+        with pytest.raises(ConfigError, match="episodes: "):
+            main(["--model-path", "embedded:small-scene1", "--dataset", str(demos), "--episodes", bad])
