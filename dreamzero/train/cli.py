@@ -34,6 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--embodiment", default=d.embodiment, help="embodiment tag (columns, normalisation, canvas)")
     p.add_argument("--metadata", default=None, help="metadata.json to normalise with (default: from the dataset)")
     p.add_argument("--steps", type=int, default=d.steps, help="total optimizer steps")
+    p.add_argument(
+        "--stop-at",
+        type=int,
+        default=None,
+        help="end the run after this step; the learning-rate schedule still runs to --steps (resume to go on)",
+    )
     p.add_argument("--batch-size", type=int, default=d.batch_size)
     p.add_argument("--blocks", type=int, default=d.blocks, help="action chunks per training clip")
     p.add_argument("--lr", type=float, default=d.lr)
@@ -94,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup_steps=args.warmup_steps, grad_clip=args.grad_clip, seed=args.seed, device=args.device,
         dtype=args.dtype, log_every=args.log_every, save_every=args.save_every, max_episodes=args.max_episodes,
         action_loss_weight=args.action_loss_weight, start_stride=args.start_stride,
-        cache_encodings=args.cache_encodings,
+        cache_encodings=args.cache_encodings, stop_at=args.stop_at,
     )  # fmt: skip
     trainer = Trainer(cfg, resume=not args.no_resume)
     records = trainer.run()

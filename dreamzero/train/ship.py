@@ -23,6 +23,7 @@ from dreamzero.errors import ConfigError
 from dreamzero.train.trainer import LOG_FILE, STATE_FILE
 
 MAX_WEIGHTS_BYTES = 30 * 2**20
+_PATH_KEYS = ("dataset", "out", "init", "metadata")
 _COPIED = ("config.json", "model.safetensors.index.json", "tokenizer", "experiment_cfg")
 
 
@@ -33,9 +34,12 @@ def _training_record(checkpoint: Path, depth: int = 0) -> dict:
     lines = [r for r in lines if r["step"] <= state["step"]]
     tail = lines[-100:]
     mean = {k: sum(r[k] for r in tail) / len(tail) for k in ("loss", "video_loss", "action_loss")} if tail else {}
+    config = state["config"]
+    if isinstance(config, dict):  # the folders of the machine that trained it mean nothing elsewhere: keep their names
+        config = {k: Path(v).name if k in _PATH_KEYS and isinstance(v, str) else v for k, v in config.items()}
     record = {
         "step": state["step"],
-        "config": state["config"],
+        "config": config,
         "step_seconds_total": round(sum(r["seconds"] for r in lines), 1),  # optimizer steps only, not start-up
         "mean_of_last_100_logged_steps": mean,
     }

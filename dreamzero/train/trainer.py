@@ -58,6 +58,11 @@ class TrainConfig:
     action_loss_weight: float = 1.0  # weight of the action term in the total (upstream: 1)
     start_stride: int = 1  # clips start at multiples of this frame (1: any frame)
     cache_encodings: bool = False  # encode each distinct clip once and keep it (encoders are frozen)
+    stop_at: int | None = None  # end this run at this step; the lr schedule still runs to `steps`
+
+    @property
+    def last_step(self) -> int:
+        return self.steps if self.stop_at is None else self.stop_at
 
     def validate(self) -> None:
         if self.dtype not in DTYPES:
@@ -69,6 +74,8 @@ class TrainConfig:
             raise ConfigError(f"lr: expected a positive number, got {self.lr}")
         if not (self.action_loss_weight >= 0 and math.isfinite(self.action_loss_weight)):
             raise ConfigError(f"action_loss_weight: expected a number >= 0, got {self.action_loss_weight}")
+        if self.stop_at is not None and not 1 <= self.stop_at <= self.steps:
+            raise ConfigError(f"stop_at: expected 1..steps ({self.steps}), got {self.stop_at}")
         if self.warmup_steps < 0 or self.grad_clip < 0:
             raise ConfigError("warmup_steps and grad_clip must be >= 0")
 
@@ -199,14 +206,14 @@ class Trainer:
     def run(self) -> list[dict]:
         records = []
         with (self.out / LOG_FILE).open("a") as logf:
-            while self.step < self.cfg.steps:
+            while self.step < self.cfg.last_step:
                 record = self.train_step()
-                if record["step"] % self.cfg.log_every == 0 or record["step"] == self.cfg.steps:
+                if record["step"] % self.cfg.log_every == 0 or record["step"] == self.cfg.last_step:
                     logf.write(json.dumps(record) + "\n")
                     logf.flush()
                     log.info("step %(step)d loss %(loss).4f (video %(video_loss).4f action %(action_loss).4f)", record)
                 records.append(record)
-                if self.step % self.cfg.save_every == 0 or self.step == self.cfg.steps:
+                if self.step % self.cfg.save_every == 0 or self.step == self.cfg.last_step:
                     self.save()
         return records
 

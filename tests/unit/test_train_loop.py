@@ -73,6 +73,20 @@ def test_checkpoints_load_and_resume_continues(dataset, tmp_path):
     assert steps == [1, 2, 3]
 
 
+def test_stop_at_ends_the_run_early_on_the_long_schedule(dataset, tmp_path):
+    short = Trainer(_cfg(dataset, tmp_path / "stop", steps=10, stop_at=2, save_every=5))
+    records = short.run()
+    assert short.step == 2 and (tmp_path / "stop" / "checkpoint-0000002").is_dir()
+    # the learning rate followed the 10-step schedule, not a 2-step one
+    assert (
+        [r["lr"] for r in records]
+        == [short.lr_at(s) for s in (0, 1)]
+        != [Trainer(_cfg(dataset, tmp_path / "two", steps=2)).lr_at(s) for s in (0, 1)]
+    )
+    with pytest.raises(ConfigError, match="stop_at"):
+        Trainer(_cfg(dataset, tmp_path / "bad", steps=3, stop_at=4))
+
+
 def test_cli_runs_and_reports(dataset, tmp_path, capsys):
     out = tmp_path / "cli"
     args = ["--dataset", str(dataset), "--out", str(out), "--steps", "1", "--batch-size", "1", "--blocks", "1"]
