@@ -8,8 +8,14 @@ Format (several embodiment tags may share one file):
                               "state": {"<subkey>": {"absolute": true, "rotation_type": null, "shape": [D],
                                                      "continuous": true}},
                               "action": {...}},
-               "embodiment_tag": "<tag>"}}
+               "embodiment_tag": "<tag>",
+               "normalisation_bounds": {"action": "min_max"}}}   # optional; default "q01_q99" for both groups
 Statistics are per dimension, float64, population std, linear-interpolation quantiles (see `compute_key_stats`).
+
+`normalisation_bounds` says which two statistics of a group map to -1 and +1: "q01_q99" (upstream's choice, and the
+default) or "min_max". With q01/q99 the 2% of values outside the percentiles are clamped in training; for the
+relative action chunks of short scripted reaches that clamp cuts the end of the first chunk, so a model trained on
+them under-reaches (docs/training.md), and "min_max" keeps every recorded action reachable.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 STAT_NAMES = ("min", "max", "mean", "std", "q01", "q99")
 GROUPS = ("state", "action")
+BOUNDS = {"q01_q99": ("q01", "q99"), "min_max": ("min", "max")}  # normalisation bounds -> the statistics they use
+DEFAULT_BOUNDS = "q01_q99"
 
 
 def default_metadata_path() -> Path:
@@ -55,6 +63,11 @@ class KeyStats:
     def to_dict(self) -> dict[str, list[float]]:
         return {name: [float(v) for v in getattr(self, name)] for name in STAT_NAMES}
 
+    def bounds(self, kind: str = DEFAULT_BOUNDS) -> tuple[np.ndarray, np.ndarray]:
+        """The (low, high) pair that normalisation maps to -1 and +1, for a `BOUNDS` name."""
+        low, high = BOUNDS[kind]
+        return getattr(self, low), getattr(self, high)
+
 
 @dataclass
 class EmbodimentMetadata:
@@ -65,6 +78,7 @@ class EmbodimentMetadata:
     action: dict[str, KeyStats]
     modalities: dict[str, Any] = field(default_factory=dict)
     synthetic: bool = False  # True for the shipped placeholder statistics
+    bounds: dict[str, str] = field(default_factory=lambda: dict.fromkeys(GROUPS, DEFAULT_BOUNDS))  # group -> BOUNDS
 
     def stats(self, key: str) -> KeyStats:
         """Statistics of a full key such as `state.joint_position` or `action.gripper_position`."""
@@ -86,6 +100,8 @@ class EmbodimentMetadata:
         }
         if self.synthetic:
             out["synthetic"] = True
+        if any(kind != DEFAULT_BOUNDS for kind in self.bounds.values()):
+            out["normalisation_bounds"] = dict(self.bounds)
         return out
 
 
@@ -199,11 +215,24 @@ def parse_embodiment_metadata(raw: dict[str, Any], tag: str) -> EmbodimentMetada
                 )
     meta = EmbodimentMetadata(
         tag=tag, state=groups["state"], action=groups["action"], modalities=modalities,
-        synthetic=bool(entry.get("synthetic", False)),
+        synthetic=bool(entry.get("synthetic", False)), bounds=_parse_bounds(entry, tag),
     )  # fmt: skip
     if meta.synthetic:
         logger.warning("metadata for %r holds SYNTHETIC statistics (placeholders, not from any dataset)", tag)
     return meta
+
+
+def _parse_bounds(entry: dict[str, Any], tag: str) -> dict[str, str]:
+    raw = entry.get("normalisation_bounds") or {}
+    where = f"metadata[{tag!r}].normalisation_bounds"
+    if not isinstance(raw, dict):
+        raise ConfigError(f'{where} must be an object such as {{"action": "min_max"}}')
+    for group, kind in raw.items():
+        if group not in GROUPS:
+            raise ConfigError(f"{where} has an unknown group {group!r}; the groups are {list(GROUPS)}")
+        if kind not in BOUNDS:
+            raise ConfigError(f"{where}.{group} is {kind!r}; use one of {sorted(BOUNDS)}")
+    return {group: raw.get(group, DEFAULT_BOUNDS) for group in GROUPS}
 
 
 def load_embodiment_metadata(source: dict | str | Path | None, tag: str) -> EmbodimentMetadata:

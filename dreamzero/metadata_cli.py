@@ -24,7 +24,14 @@ from tqdm import tqdm
 
 from dreamzero.errors import ConfigError
 from dreamzero.lerobot_dataset import PRESETS, ColumnSlice, DatasetPreset, LeRobotDataset, get_preset
-from dreamzero.metadata import compute_key_stats, merge_metadata, read_metadata_file, save_metadata
+from dreamzero.metadata import (
+    BOUNDS,
+    DEFAULT_BOUNDS,
+    compute_key_stats,
+    merge_metadata,
+    read_metadata_file,
+    save_metadata,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +72,12 @@ def compute_metadata(
     max_episodes: int | None = None,
     frame_stride: int = 1,
     progress: bool = True,
+    action_bounds: str = DEFAULT_BOUNDS,
 ) -> dict[str, Any]:
     """{tag: {statistics, modalities, embodiment_tag}} for one dataset and one column preset.
+
+    action_bounds: the statistics actions are normalised between (`dreamzero.metadata.BOUNDS`); anything but the
+    default is written as the tag's `normalisation_bounds`.
 
     frame_stride > 1 uses every k-th frame of each episode (exact statistics of a subsample): for DROID-scale data,
     whose relative statistics otherwise hold `horizon` deltas per frame in memory.
@@ -93,6 +104,8 @@ def compute_metadata(
         raise ConfigError(f"{dataset.root} has no episodes")
     if frame_stride < 1:
         raise ConfigError(f"frame_stride must be >= 1, got {frame_stride}")
+    if action_bounds not in BOUNDS:
+        raise ConfigError(f"action_bounds is {action_bounds!r}; use one of {sorted(BOUNDS)}")
 
     collected: dict[tuple[str, str], list[np.ndarray]] = {}
     for episode in tqdm(episodes, desc=f"{tag}: episodes", unit="ep", disable=not progress):
@@ -123,7 +136,10 @@ def compute_metadata(
         relative = group == "action" and name in preset.relative
         modalities[group][name] = {"absolute": not relative, "rotation_type": None, "shape": [stats.dim],
                                    "continuous": True}  # fmt: skip
-    return {tag: {"statistics": statistics, "modalities": modalities, "embodiment_tag": tag}}
+    entry = {"statistics": statistics, "modalities": modalities, "embodiment_tag": tag}
+    if action_bounds != DEFAULT_BOUNDS:
+        entry["normalisation_bounds"] = {"action": action_bounds}
+    return {tag: entry}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -149,6 +165,12 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--horizon", type=int, help="action chunk length of relative statistics")
     gen.add_argument("--max-episodes", type=int, help="use only the first N episodes")
     gen.add_argument("--frame-stride", type=int, default=1, help="use every k-th frame (large datasets)")
+    gen.add_argument(
+        "--action-bounds",
+        choices=sorted(BOUNDS),
+        default=DEFAULT_BOUNDS,
+        help="statistics that actions are normalised between (min_max: nothing is clamped)",
+    )
     gen.add_argument("-o", "--output", type=Path, required=True, help="metadata.json to write")
     gen.add_argument("--merge", action="store_true", help="add the tag to an existing output file")
     gen.add_argument("--overwrite", action="store_true", help="with --merge: replace the tag if present")
@@ -199,6 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_episodes=args.max_episodes,
             frame_stride=args.frame_stride,
             progress=not args.no_progress,
+            action_bounds=args.action_bounds,
         )
         if args.merge and args.output.is_file():
             result = merge_metadata(read_metadata_file(args.output), result, overwrite=args.overwrite)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The embedded trained default (embedded:small-scene1, docs/training.md section 4), one stage or all of them:
 #   scripts/default_model.sh record   100 scripted demonstrations of scene 1, compact layouts (2 recorder processes)
-#   scripts/default_model.sh train    dreamzero-train in four stages, small preset from seeded random weights (resumes)
+#   scripts/default_model.sh train    dreamzero-train in five stages, small preset from seeded random weights (resumes)
 #   scripts/default_model.sh ship     copy the newest checkpoint to dreamzero/assets/models/small-scene1
 #   scripts/default_model.sh eval     `serve run serve_config.yaml` + 20 held-out episodes through it, then stop it
 #   scripts/default_model.sh all      the four in order
@@ -25,7 +25,8 @@ record() {
 train() {
     # docs/training.md section 4: stage 1 learns the task's motion; stages 2-4 keep stage 1's statistics, weight the
     # action term 10x and train on the clip starts serving uses, with the frozen encodings cached; stage 3 trains
-    # first chunks only (the one place where nothing but the images says where the cube is), stage 4 the first two.
+    # first chunks only (the one place where nothing but the images says where the cube is), stage 4 the first two;
+    # stage 5 switches the actions to min/max bounds (no clamped reach ends) and retrains every chunk, then the first two.
     local common=(--dataset "$RUN/demos" --save-every 100 --log-every 1 --cpu-threads 1)
     local tuned=(--metadata "$RUN/train/checkpoint-$(printf %07d "$STEPS")/experiment_cfg/metadata.json"
         --action-loss-weight 10 --cache-encodings)
@@ -40,10 +41,19 @@ train() {
     run "$BIN/dreamzero-train" "${common[@]}" "${tuned[@]}" --out "$RUN/stage4" \
         --init "$RUN/stage3/checkpoint-0002000" --steps 1200 --stop-at 1000 \
         --batch-size 8 --blocks 2 --lr 2e-4 --warmup-steps 20 --start-stride 96
+    run "$BIN/dreamzero-train" "${common[@]}" "${tuned[@]}" --action-bounds min_max --out "$RUN/stage5a" \
+        --init "$RUN/stage4/checkpoint-0001000" --steps 800 \
+        --batch-size 4 --blocks 4 --lr 3e-4 --warmup-steps 20 --start-stride 96
+    run "$BIN/dreamzero-train" "${common[@]}" "${tuned[@]}" --action-bounds min_max --out "$RUN/stage5b" \
+        --init "$RUN/stage5a/checkpoint-0000800" --steps 500 --stop-at 400 \
+        --batch-size 8 --blocks 2 --lr 2e-4 --warmup-steps 20 --start-stride 96
+    run "$BIN/dreamzero-train" "${common[@]}" "${tuned[@]}" --action-bounds min_max --out "$RUN/stage5c" \
+        --init "$RUN/stage5b/checkpoint-0000400" --steps 600 \
+        --batch-size 8 --blocks 2 --lr 1.5e-4 --warmup-steps 20 --start-stride 96
 }
 
 ship() {
-    "$BIN/python" -m dreamzero.train.ship "$RUN/stage4/$(cat "$RUN/stage4/latest")" --name small-scene1
+    "$BIN/python" -m dreamzero.train.ship "$RUN/stage5c/$(cat "$RUN/stage5c/latest")" --name small-scene1
 }
 
 evaluate() {

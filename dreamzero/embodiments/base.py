@@ -119,8 +119,13 @@ class Embodiment:
 
     def __init__(self, metadata: EmbodimentMetadata | dict | str | Path | None = None):
         self.metadata = load_embodiment_metadata(metadata, self.tag)
-        self.state_normalisers = {k: Q99Normaliser.from_stats(self.metadata.stats(k)) for k in self.state_keys}
-        self.action_normalisers = {k: Q99Normaliser.from_stats(self.metadata.stats(k)) for k in self.action_keys}
+        bounds = self.metadata.bounds
+        self.state_normalisers = {
+            k: Q99Normaliser.from_stats(self.metadata.stats(k), bounds["state"]) for k in self.state_keys
+        }
+        self.action_normalisers = {
+            k: Q99Normaliser.from_stats(self.metadata.stats(k), bounds["action"]) for k in self.action_keys
+        }
         for key, norm in {**self.state_normalisers, **self.action_normalisers}.items():
             want = self.known_widths.get(key)
             if want is not None and norm.dim != want:

@@ -72,14 +72,18 @@ def stitch_droid(wrist: np.ndarray, exterior_1: np.ndarray, exterior_2: np.ndarr
 
 @dataclass(frozen=True)
 class Q99Normaliser:
-    """`2 (x - q01) / (q99 - q01) - 1` clamped to [-1, 1]; constant dims (q01 == q99) pass through, then clamp."""
+    """`2 (x - q01) / (q99 - q01) - 1` clamped to [-1, 1]; constant dims (q01 == q99) pass through, then clamp.
+
+    `q01` / `q99` are the bounds mapped to -1 / +1: the 1st and 99th percentiles (upstream), or the minimum and
+    maximum when the metadata's `normalisation_bounds` asks for "min_max"."""
 
     q01: np.ndarray
     q99: np.ndarray
 
     @classmethod
-    def from_stats(cls, stats: KeyStats) -> Q99Normaliser:
-        return cls(q01=np.asarray(stats.q01, np.float64), q99=np.asarray(stats.q99, np.float64))
+    def from_stats(cls, stats: KeyStats, bounds: str = "q01_q99") -> Q99Normaliser:
+        low, high = stats.bounds(bounds)
+        return cls(q01=np.asarray(low, np.float64), q99=np.asarray(high, np.float64))
 
     @property
     def dim(self) -> int:

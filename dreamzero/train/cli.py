@@ -33,6 +33,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--embodiment", default=d.embodiment, help="embodiment tag (columns, normalisation, canvas)")
     p.add_argument("--metadata", default=None, help="metadata.json to normalise with (default: from the dataset)")
+    p.add_argument(
+        "--action-bounds",
+        choices=["min_max", "q01_q99"],
+        default=None,
+        help="statistics the actions are normalised between (default: as the metadata says; q01_q99 if unset)",
+    )
+    p.add_argument(
+        "--state-noise",
+        type=float,
+        default=0.0,
+        help="std, in the state's units (radians on DROID), of noise added to the states that relative actions are "
+        "taken from; targets are relabelled to the same absolute joints (closed-loop recovery; default 0: off)",
+    )
     p.add_argument("--steps", type=int, default=d.steps, help="total optimizer steps")
     p.add_argument(
         "--stop-at",
@@ -100,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup_steps=args.warmup_steps, grad_clip=args.grad_clip, seed=args.seed, device=args.device,
         dtype=args.dtype, log_every=args.log_every, save_every=args.save_every, max_episodes=args.max_episodes,
         action_loss_weight=args.action_loss_weight, start_stride=args.start_stride,
-        cache_encodings=args.cache_encodings, stop_at=args.stop_at,
+        cache_encodings=args.cache_encodings, stop_at=args.stop_at, action_bounds=args.action_bounds,
+        state_noise=args.state_noise,
     )  # fmt: skip
     trainer = Trainer(cfg, resume=not args.no_resume)
     records = trainer.run()

@@ -10,6 +10,7 @@ The same code runs on CPU and GPU: `device` and `dtype` only choose where the te
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from dreamzero.errors import ConfigError
+from dreamzero.train.augment import perturb_states, state_noise_plan
 from dreamzero.train.data import ClipSampler, load_episodes
 from dreamzero.train.objective import EncodedBatch, encode_clips, teacher_forced_loss
 from dreamzero.train.schedule import TrainingSchedule
@@ -59,6 +61,8 @@ class TrainConfig:
     start_stride: int = 1  # clips start at multiples of this frame (1: any frame)
     cache_encodings: bool = False  # encode each distinct clip once and keep it (encoders are frozen)
     stop_at: int | None = None  # end this run at this step; the lr schedule still runs to `steps`
+    action_bounds: str | None = None  # "q01_q99" / "min_max": set the metadata's action bounds (None: keep them)
+    state_noise: float = 0.0  # std (raw units) of the noise on relative-action states, targets relabelled (augment.py)
 
     @property
     def last_step(self) -> int:
@@ -78,6 +82,12 @@ class TrainConfig:
             raise ConfigError(f"stop_at: expected 1..steps ({self.steps}), got {self.stop_at}")
         if self.warmup_steps < 0 or self.grad_clip < 0:
             raise ConfigError("warmup_steps and grad_clip must be >= 0")
+        from dreamzero.metadata import BOUNDS
+
+        if not (self.state_noise >= 0 and math.isfinite(self.state_noise)):
+            raise ConfigError(f"state_noise: expected a number >= 0, got {self.state_noise}")
+        if self.action_bounds is not None and self.action_bounds not in BOUNDS:
+            raise ConfigError(f"action_bounds: expected one of {sorted(BOUNDS)}, got {self.action_bounds!r}")
 
 
 def _metadata_for(cfg: TrainConfig) -> dict:
@@ -86,8 +96,15 @@ def _metadata_for(cfg: TrainConfig) -> dict:
     from dreamzero.metadata_cli import compute_metadata
 
     if cfg.metadata is not None:
-        return read_metadata_file(cfg.metadata)
-    return compute_metadata(LeRobotDataset(cfg.dataset), get_preset(cfg.embodiment), progress=False)
+        metadata = read_metadata_file(cfg.metadata)
+    else:
+        metadata = compute_metadata(LeRobotDataset(cfg.dataset), get_preset(cfg.embodiment), progress=False)
+    if cfg.action_bounds is not None:
+        entry = metadata.get(cfg.embodiment)
+        if not isinstance(entry, dict):
+            raise ConfigError(f"metadata has no embodiment tag {cfg.embodiment!r} to set action_bounds on")
+        entry["normalisation_bounds"] = {**(entry.get("normalisation_bounds") or {}), "action": cfg.action_bounds}
+    return metadata
 
 
 def _load_model(path: str | None, device: str):
@@ -138,6 +155,7 @@ class Trainer:
         self.encoded: dict[tuple[int, int], EncodedBatch] = {}  # (episode, t0) -> that clip's encodings
         self.schedule = TrainingSchedule(device=cfg.device)
         self.generator = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
+        self.noise_plan = state_noise_plan(self.embodiment) if cfg.state_noise > 0 else None
         params = [p for p in self.model.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
         self.step = 0
@@ -159,11 +177,17 @@ class Trainer:
         """A random batch, its clips encoded by the frozen encoders (once per clip with cache_encodings)."""
         keys = self.sampler.sample_keys(self.cfg.batch_size)
         if not self.cfg.cache_encodings:
-            return encode_clips(self.model, [self.sampler.clip(k) for k in keys])
-        for k in keys:
-            if k not in self.encoded:
-                self.encoded[k] = encode_clips(self.model, [self.sampler.clip(k)])
-        return EncodedBatch.cat([self.encoded[k] for k in keys])
+            batch = encode_clips(self.model, [self.sampler.clip(k) for k in keys])
+        else:
+            for k in keys:
+                if k not in self.encoded:
+                    self.encoded[k] = encode_clips(self.model, [self.sampler.clip(k)])
+            batch = EncodedBatch.cat([self.encoded[k] for k in keys])
+        if self.noise_plan is not None:
+            state, actions = perturb_states(batch.state, batch.actions, self.noise_plan, self.cfg.state_noise,
+                                            self.generator)  # fmt: skip
+            batch = dataclasses.replace(batch, state=state, actions=actions)
+        return batch
 
     def _loss(self, batch: EncodedBatch, generator: torch.Generator):
         return teacher_forced_loss(

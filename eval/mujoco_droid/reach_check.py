@@ -108,11 +108,29 @@ def reach_check(policy_for: Callable[[int], object], dataset_root: str | Path, e
     return out
 
 
+class ExpertThroughBounds:
+    """The recorded expert (a ReplayPolicy) with its joint deltas sent through an embodiment's action normalisation."""
+
+    def __init__(self, replay, embodiment):
+        self.replay, self.norm = replay, embodiment.action_normalisers["action.joint_position"]
+
+    def infer(self, observation: dict, session_id: str, reset: bool = False, seed: int | None = None):
+        result = self.replay.infer(observation, session_id, reset=reset, seed=seed)
+        actions = np.array(result.actions, np.float64)
+        joints = np.asarray(observation["state.joint_position"], np.float64)
+        actions[:, :7] = joints + self.norm.unnormalise(self.norm.normalise(actions[:, :7] - joints))
+        return type("Chunk", (), {"actions": actions})()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m eval.mujoco_droid.reach_check", description=__doc__.split("\n\n")[0]
     )
-    parser.add_argument("--model-path", required=True, help="checkpoint folder or embedded:<name>")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model-path", help="checkpoint folder or embedded:<name>")
+    which.add_argument(
+        "--expert-through", help="no model: the expert through this metadata.json's (or checkpoint's) action bounds"
+    )
     parser.add_argument("--dataset", required=True, help="scene-1 demonstrations (use episodes the model never saw)")
     parser.add_argument("--episodes", default=None, help="START:STOP (default: all)")
     args = parser.parse_args(argv)
@@ -124,8 +142,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     total = len(LeRobotDataset(args.dataset).episode_indices)
     episodes = _episode_range(args.episodes, total) if args.episodes else range(total)
-    policy = EmbeddedPolicy.load(resolve_model_path(args.model_path))
-    for row in reach_check(lambda _ep: policy, args.dataset, episodes):
+    if args.expert_through is not None:
+        from dreamzero.embodiments import get_embodiment
+        from dreamzero.metadata import read_metadata_file
+        from dreamzero.policy import ReplayPolicy
+
+        embodiment = get_embodiment("oxe_droid", read_metadata_file(args.expert_through))
+
+        def policy_for(ep):
+            return ExpertThroughBounds(ReplayPolicy(args.dataset, ep, embodiment=embodiment), embodiment)
+    else:
+        policy = EmbeddedPolicy.load(resolve_model_path(args.model_path))
+
+        def policy_for(_ep):
+            return policy
+
+    for row in reach_check(policy_for, args.dataset, episodes):
         print(json.dumps(row))
     return 0
 

@@ -107,3 +107,53 @@ def test_merge_and_save(tmp_path):
     replaced = merge_metadata(merged, other, overwrite=True)
     path = save_metadata(replaced, tmp_path / "out" / "metadata.json")
     assert load_embodiment_metadata(path, "oxe_droid").stats("state.gripper_position").q99.tolist() == [0.9]
+
+
+def _with_wide_action_extremes(meta: dict) -> dict:
+    """Action joint deltas with min / max at +-2 while q01 / q99 stay at +-1."""
+    joints = meta["oxe_droid"]["statistics"]["action"]["joint_position"]
+    joints["min"], joints["max"] = [-2.0] * 7, [2.0] * 7
+    return meta
+
+
+def test_bounds_default_to_percentiles_and_are_not_written_back():
+    meta = load_embodiment_metadata(_with_wide_action_extremes(droid_metadata()), "oxe_droid")
+    assert meta.bounds == {"state": "q01_q99", "action": "q01_q99"}
+    assert "normalisation_bounds" not in meta.to_dict()
+    low, high = meta.stats("action.joint_position").bounds(meta.bounds["action"])
+    assert low.tolist() == [-1.0] * 7 and high.tolist() == [1.0] * 7
+
+
+def test_min_max_bounds_normalise_actions_between_the_extremes_and_round_trip():
+    raw = _with_wide_action_extremes(droid_metadata())
+    raw["oxe_droid"]["normalisation_bounds"] = {"action": "min_max"}
+    meta = load_embodiment_metadata(raw, "oxe_droid")
+    assert meta.bounds == {"state": "q01_q99", "action": "min_max"}
+    assert meta.to_dict()["normalisation_bounds"] == {"state": "q01_q99", "action": "min_max"}
+    assert load_embodiment_metadata({"oxe_droid": meta.to_dict()}, "oxe_droid").bounds == meta.bounds
+    from dreamzero.embodiments import get_embodiment
+
+    emb = get_embodiment("oxe_droid", raw)
+    joints = emb.action_normalisers["action.joint_position"]
+    # 1.5 lies past q99 = 1 (clamped to +1 under the default) but inside max = 2: (1.5 + 2) / 4 * 2 - 1 = 0.75
+    np.testing.assert_allclose(joints.normalise(np.full(7, 1.5)), np.full(7, 0.75))
+    np.testing.assert_allclose(joints.unnormalise(np.full(7, 0.75)), np.full(7, 1.5))
+    gain, _ = emb.action_codec({"state.joint_position": np.zeros((1, 7)), "state.gripper_position": np.zeros((1, 1))})
+    np.testing.assert_allclose(gain[0, :7], 2.0)  # half the min..max span
+    # the state still uses its percentiles
+    assert emb.state_normalisers["state.joint_position"].q99.tolist() == [2.0] * 6 + [0.5]
+
+
+@pytest.mark.parametrize(
+    "bounds, message",
+    [
+        ("min_max", r"normalisation_bounds must be an object"),
+        ({"actions": "min_max"}, r"unknown group 'actions'; the groups are \['state', 'action'\]"),
+        ({"action": "q05_q95"}, r"normalisation_bounds\.action is 'q05_q95'; use one of \['min_max', 'q01_q99'\]"),
+    ],
+)
+def test_bad_bounds_are_named(bounds, message):
+    meta = droid_metadata()
+    meta["oxe_droid"]["normalisation_bounds"] = bounds
+    with pytest.raises(ConfigError, match=message):
+        load_embodiment_metadata(meta, "oxe_droid")

@@ -181,3 +181,25 @@ def test_frame_stride_and_progress_bar(tmp_path, capsys):
         a, s = e["action"][:, :7].astype(np.float64), e["observation.state"][:, :7].astype(np.float64)
         deltas += [a[t + k] - s[t] for k in range(24) for t in range(0, len(a), 3) if t + k < len(a)]
     assert_stats(entry["action"]["joint_position"], np.array(deltas))
+
+
+def test_action_bounds_flag_writes_min_max_and_the_embodiment_uses_it(tmp_path):
+    episodes = random_episodes(2, {"observation.state": 8, "action": 8}, seed=13, lengths=[30, 28])
+    root = write_v3(tmp_path / "ds", episodes, modality=DROID_MODALITY)
+    plain, wide = tmp_path / "plain.json", tmp_path / "wide.json"
+    assert main(["generate", str(root), "--preset", "oxe_droid", "--no-progress", "-o", str(plain)]) == 0
+    argv = ["generate", str(root), "--preset", "oxe_droid", "--no-progress", "--action-bounds", "min_max"]
+    assert main([*argv, "-o", str(wide)]) == 0
+    plain_raw, wide_raw = json.loads(plain.read_text()), json.loads(wide.read_text())
+    assert "normalisation_bounds" not in plain_raw["oxe_droid"]
+    assert wide_raw["oxe_droid"]["normalisation_bounds"] == {"action": "min_max"}
+    assert wide_raw["oxe_droid"]["statistics"] == plain_raw["oxe_droid"]["statistics"]
+    # the largest recorded joint delta reaches +1 exactly, where the percentile bounds clamp it
+    joints = wide_raw["oxe_droid"]["statistics"]["action"]["joint_position"]
+    top = np.asarray(joints["max"])
+    wide_joints = get_embodiment("oxe_droid", wide_raw).action_normalisers["action.joint_position"]
+    assert wide_joints.normalise(top).tolist() == [1.0] * 7
+    clamped = get_embodiment("oxe_droid", plain_raw).action_normalisers["action.joint_position"]
+    np.testing.assert_allclose(clamped.unnormalise(clamped.normalise(top)), joints["q99"])
+    with pytest.raises(ConfigError, match=r"action_bounds is 'q5'"):
+        compute_metadata(LeRobotDataset(root), get_preset("oxe_droid"), progress=False, action_bounds="q5")

@@ -54,3 +54,21 @@ def test_the_cli_runs_a_model_and_names_a_bad_range(demos, capsys):
     for bad in ("0:9", "2", "a:b"):
         with pytest.raises(ConfigError, match="episodes: "):
             main(["--model-path", "embedded:small-scene1", "--dataset", str(demos), "--episodes", bad])
+
+
+def test_the_expert_through_percentile_bounds_falls_short_and_through_min_max_does_not(demos, tmp_path, capsys):
+    from dreamzero.lerobot_dataset import LeRobotDataset, get_preset
+    from dreamzero.metadata import save_metadata
+    from dreamzero.metadata_cli import compute_metadata
+
+    errors = {}
+    for bounds in ("q01_q99", "min_max"):
+        path = tmp_path / f"{bounds}.json"
+        save_metadata(compute_metadata(LeRobotDataset(demos), get_preset("oxe_droid"), progress=False,
+                                       action_bounds=bounds), path)  # fmt: skip
+        assert main(["--expert-through", str(path), "--dataset", str(demos)]) == 0
+        errors[bounds] = [json.loads(line)["error_cm"] for line in capsys.readouterr().out.splitlines()]
+    assert errors["min_max"] == [0.0, 0.0]
+    assert errors["q01_q99"][0] > 0.1  # the clamp cuts the end of the first reach
+    with pytest.raises(SystemExit):  # a model and the expert at once
+        main(["--expert-through", "x.json", "--model-path", "embedded:small-scene1", "--dataset", str(demos)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -99,6 +100,40 @@ def test_cli_runs_and_reports(dataset, tmp_path, capsys):
     ckpt = tmp_path / "cli2" / "checkpoint-0000001"
     config = torch.load(ckpt / STATE_FILE, weights_only=False)["config"]
     assert (config["action_loss_weight"], config["start_stride"], config["cache_encodings"]) == (3.0, 12, True)
+
+
+def test_action_bounds_reach_the_checkpoint_metadata(dataset, tmp_path):
+    out = tmp_path / "wide"
+    args = ["--dataset", str(dataset), "--out", str(out), "--steps", "1", "--batch-size", "1", "--blocks", "1"]
+    assert main([*args, "--action-bounds", "min_max", "--save-every", "1"]) == 0
+    saved = json.loads((out / "checkpoint-0000001" / "experiment_cfg" / "metadata.json").read_text())
+    assert saved["oxe_droid"]["normalisation_bounds"] == {"action": "min_max"}
+    trainer = Trainer(_cfg(dataset, tmp_path / "plain"))
+    assert trainer.embodiment.metadata.bounds["action"] == "q01_q99"  # unset: the metadata's own choice
+    wide = Trainer(_cfg(dataset, tmp_path / "wide2", action_bounds="min_max")).embodiment
+    joints = wide.metadata.stats("action.joint_position")
+    assert wide.action_normalisers["action.joint_position"].q99.tolist() == joints.max.tolist()
+    with pytest.raises(ConfigError, match=r"action_bounds: expected one of \['min_max', 'q01_q99'\]"):
+        Trainer(_cfg(dataset, tmp_path / "bad", action_bounds="q5"))
+
+
+def test_state_noise_perturbs_each_batch_and_is_validated(dataset, tmp_path):
+    trainer = Trainer(_cfg(dataset, tmp_path / "noisy", state_noise=0.05, cache_encodings=True, start_stride=24))
+    trainer.sampler.rng = np.random.default_rng(0)
+    first = trainer.next_batch()
+    trainer.sampler.rng = np.random.default_rng(0)
+    second = trainer.next_batch()  # the same clips from the cache, new noise
+    assert not torch.equal(first.state, second.state) and not torch.equal(first.actions, second.actions)
+    assert torch.equal(first.block_latents, second.block_latents)
+    plain = Trainer(_cfg(dataset, tmp_path / "plain2", cache_encodings=True, start_stride=24))
+    plain.sampler.rng = np.random.default_rng(0)
+    clean = plain.next_batch()
+    # only the relative joints moved (the gripper and the padding did not)
+    moved = (first.state - clean.state).abs().amax(dim=(0, 1, 2))
+    assert (moved[:7] > 0).all() and (moved[7:] == 0).all()
+    assert trainer.train_step(first)["loss"] > 0
+    with pytest.raises(ConfigError, match="state_noise"):
+        Trainer(_cfg(dataset, tmp_path / "bad", state_noise=-0.1))
 
 
 def test_bad_settings_name_the_field(dataset, tmp_path):
