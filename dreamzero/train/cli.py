@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from dreamzero.errors import ConfigError
+from dreamzero.metadata import BOUNDS
 from dreamzero.train.trainer import DTYPES, TrainConfig, Trainer
 
 
@@ -35,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--metadata", default=None, help="metadata.json to normalise with (default: from the dataset)")
     p.add_argument(
         "--action-bounds",
-        choices=["min_max", "q01_q99"],
+        choices=sorted(BOUNDS),
         default=None,
         help="statistics the actions are normalised between (default: as the metadata says; q01_q99 if unset)",
     )
