@@ -8,6 +8,7 @@ Field names of `DiTConfig` follow the upstream `CausalWanModel` constructor (so 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import json
@@ -217,6 +218,21 @@ def parse_pipeline_config(data: Mapping[str, Any]) -> PipelineConfig:
         return PipelineConfig.model_validate(dict(data))
     except ValidationError as err:
         raise ConfigError(describe_errors(err, "pipeline")) from None
+
+
+def pipeline_overrides_arg(text: str) -> dict[str, Any]:
+    """argparse type of a `--pipeline` option: a JSON object of knobs. Names are checked here, so a typo fails before
+    any work; values are checked with the model's own pipeline, where they apply."""
+    try:
+        overrides = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not JSON ({err})") from None
+    if not isinstance(overrides, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of pipeline knobs, got {text!r}")
+    for name in overrides:
+        if name not in PipelineConfig.model_fields:
+            raise argparse.ArgumentTypeError(unknown_knob_message(name))
+    return overrides
 
 
 def unknown_knob_message(name: str, where: str = "pipeline") -> str:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The embedded trained default (embedded:small-scene1, docs/training.md section 4), one stage or all of them:
-#   scripts/default_model.sh record   100 scripted demonstrations of scene 1, compact layouts (2 recorder processes)
-#   scripts/default_model.sh train    dreamzero-train in five stages, small preset from seeded random weights (resumes)
+#   scripts/default_model.sh record   100 scripted demonstrations of scene 1, compact layouts (2 recorder processes),
+#                                     twice: standard (lossy) videos, and the same episodes with lossless videos
+#   scripts/default_model.sh train    dreamzero-train in six stages, small preset from seeded random weights (resumes)
 #   scripts/default_model.sh ship     copy the newest checkpoint to dreamzero/assets/models/small-scene1
 #   scripts/default_model.sh eval     `serve run serve_config.yaml` + 20 held-out episodes through it, then stop it
 #   scripts/default_model.sh all      the four in order
@@ -18,15 +19,17 @@ export OMP_NUM_THREADS=1 MUJOCO_GL=${MUJOCO_GL:-egl} RAY_AUTH_MODE=${RAY_AUTH_MO
 run() { nice -n "${NICE:-0}" "$@"; }
 
 record() {
-    run "$BIN/dreamzero-record-demos" --out "$RUN/demos" --episodes "$EPISODES" --seed 0 --workers 2 \
-        --image-size 90 160 --layouts compact
+    local args=(--episodes "$EPISODES" --seed 0 --workers 2 --image-size 90 160 --layouts compact)
+    run "$BIN/dreamzero-record-demos" --out "$RUN/demos" "${args[@]}"
+    run "$BIN/dreamzero-record-demos" --out "$RUN/demos-lossless" "${args[@]}" --video lossless
 }
 
 train() {
     # docs/training.md section 4: stage 1 learns the task's motion; stages 2-4 keep stage 1's statistics, weight the
     # action term 10x and train on the clip starts serving uses, with the frozen encodings cached; stage 3 trains
     # first chunks only (the one place where nothing but the images says where the cube is), stage 4 the first two;
-    # stage 5 switches the actions to min/max bounds (no clamped reach ends) and retrains every chunk, then the first two.
+    # stage 5 switches the actions to min/max bounds (no clamped reach ends) and retrains every chunk, then the first two;
+    # stage 6 retrains on lossless videos, which look like the raw frames a simulator sends: the first two chunks, then all.
     local common=(--dataset "$RUN/demos" --save-every 100 --log-every 1 --cpu-threads 1)
     local tuned=(--metadata "$RUN/train/checkpoint-$(printf %07d "$STEPS")/experiment_cfg/metadata.json"
         --action-loss-weight 10 --cache-encodings)
@@ -50,10 +53,19 @@ train() {
     run "$BIN/dreamzero-train" "${common[@]}" "${tuned[@]}" --action-bounds min_max --out "$RUN/stage5c" \
         --init "$RUN/stage5b/checkpoint-0000400" --steps 600 \
         --batch-size 8 --blocks 2 --lr 1.5e-4 --warmup-steps 20 --start-stride 96
+    # (the later --dataset wins: stage 6 reads the lossless copy of the same episodes)
+    run "$BIN/dreamzero-train" "${common[@]}" "${tuned[@]}" --action-bounds min_max --out "$RUN/stage6a" \
+        --dataset "$RUN/demos-lossless" --init "$RUN/stage5c/checkpoint-0000600" --steps 600 \
+        --batch-size 8 --blocks 2 --lr 1e-4 --warmup-steps 20 --start-stride 96
+    run "$BIN/dreamzero-train" "${common[@]}" "${tuned[@]}" --action-bounds min_max --out "$RUN/stage6b" \
+        --dataset "$RUN/demos-lossless" --init "$RUN/stage6a/checkpoint-0000600" --steps 400 \
+        --batch-size 4 --blocks 4 --lr 7e-5 --warmup-steps 20 --start-stride 96 --cpu-threads 2
 }
 
 ship() {
-    "$BIN/python" -m dreamzero.train.ship "$RUN/stage5c/$(cat "$RUN/stage5c/latest")" --name small-scene1
+    # sigma_shift 12: chosen after training with `reach_check --pipeline` (docs/training.md, "Stage 6")
+    "$BIN/python" -m dreamzero.train.ship "$RUN/stage6b/$(cat "$RUN/stage6b/latest")" --name small-scene1 \
+        --pipeline '{"sigma_shift": 12.0}'
 }
 
 evaluate() {

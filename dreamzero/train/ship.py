@@ -5,7 +5,9 @@ metadata.json) into `dreamzero/assets/models/<name>/`, leaves the optimizer stat
 `training.json` beside them (the run's TrainConfig, the last logged losses, the wall time; and, when the run started
 `--init` from another dreamzero-train checkpoint that still exists, that run's record under `init_record`, and so on
 back to the first stage), so a config can serve it as `model_path: embedded:<name>`. Refuses a checkpoint whose
-weights exceed the size limit of a repository file.
+weights exceed the size limit of a repository file. `--pipeline '{"sigma_shift": 12.0}'` changes the inference-loop
+defaults the shipped config.json carries (validated as `pipeline:` overrides are; recorded in training.json), for
+knobs chosen after training, e.g. with `python -m eval.mujoco_droid.reach_check --pipeline ...`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from dreamzero.config import parse_pipeline_config, pipeline_overrides_arg
 from dreamzero.embedded_default import SHIPPED_MODELS_DIR
 from dreamzero.errors import ConfigError
 from dreamzero.train.trainer import LOG_FILE, STATE_FILE
@@ -51,8 +54,22 @@ def _training_record(checkpoint: Path, depth: int = 0) -> dict:
     return record
 
 
-def ship_checkpoint(checkpoint: str | Path, name: str, dest_root: str | Path = SHIPPED_MODELS_DIR) -> Path:
-    """Copy `checkpoint` to `<dest_root>/<name>/` (replacing an older copy); returns the new folder."""
+def _with_pipeline(config_json: Path, overrides: dict) -> dict:
+    """A release config.json with its inference-loop defaults replaced, validated as deployment overrides are."""
+    config = json.loads(config_json.read_text())
+    ours = config.setdefault("dreamzero", {})
+    ours["pipeline"] = parse_pipeline_config({**ours.get("pipeline", {}), **overrides}).model_dump(mode="json")
+    return config
+
+
+def ship_checkpoint(
+    checkpoint: str | Path,
+    name: str,
+    dest_root: str | Path = SHIPPED_MODELS_DIR,
+    pipeline: dict | None = None,
+) -> Path:
+    """Copy `checkpoint` to `<dest_root>/<name>/` (replacing an older copy); returns the new folder. `pipeline`:
+    inference-loop overrides written into the shipped config.json (e.g. {"sigma_shift": 12.0})."""
     src = Path(checkpoint)
     shards = sorted(src.glob("*.safetensors"))
     if not shards or not (src / STATE_FILE).is_file():
@@ -60,6 +77,7 @@ def ship_checkpoint(checkpoint: str | Path, name: str, dest_root: str | Path = S
     size = sum(p.stat().st_size for p in shards)
     if size > MAX_WEIGHTS_BYTES:
         raise ConfigError(f"checkpoint: {size / 2**20:.1f} MiB of weights, over the {MAX_WEIGHTS_BYTES >> 20} MiB cap")
+    config = _with_pipeline(src / "config.json", pipeline) if pipeline else None  # a bad knob fails before any copy
     dest = Path(dest_root) / name
     tmp = dest.with_name(f".{name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -69,7 +87,11 @@ def ship_checkpoint(checkpoint: str | Path, name: str, dest_root: str | Path = S
             shutil.copytree(item, tmp / item.name)
         elif item.is_file():
             shutil.copy2(item, tmp / item.name)
-    (tmp / "training.json").write_text(json.dumps(_training_record(src), indent=1) + "\n")
+    record = _training_record(src)
+    if config is not None:
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        record["pipeline_overrides"] = pipeline
+    (tmp / "training.json").write_text(json.dumps(record, indent=1) + "\n")
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     return dest
@@ -80,8 +102,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("checkpoint", help="a <out>/checkpoint-<step> folder written by dreamzero-train")
     p.add_argument("--name", required=True, help="shipped model name (served as embedded:<name>)")
     p.add_argument("--dest", default=str(SHIPPED_MODELS_DIR), help="folder of shipped models")
+    p.add_argument(
+        "--pipeline",
+        type=pipeline_overrides_arg,
+        default=None,
+        help="inference-loop defaults to ship, e.g. '{\"sigma_shift\": 12.0}'",
+    )
     args = p.parse_args(argv)
-    print(ship_checkpoint(args.checkpoint, args.name, args.dest))
+    print(ship_checkpoint(args.checkpoint, args.name, args.dest, pipeline=args.pipeline))
     return 0
 
 

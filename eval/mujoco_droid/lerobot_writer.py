@@ -8,6 +8,10 @@
     data/chunk-000/file-000.parquet                 every frame of every episode (rows tagged by episode_index)
     videos/<key>/chunk-000/file-<episode>.mp4       one H.264 file per episode and camera (from_timestamp 0)
 
+Videos are H.264 in one of `VIDEO_ENCODINGS`: "standard" (yuv420p, lossy: what cameras' recordings look like) or
+"lossless" (yuv444p at CRF 0: decoded frames within 2 levels of the rendered ones, about 5x the bytes), for a policy
+that will see raw simulator frames at evaluation. info.json's `video.pix_fmt` says which.
+
 lerobot packs several episodes per video file until a size limit; one file per episode is the same layout with the
 limit never reached, so its readers and ours need nothing special. Image stats are per channel in [0, 1], shaped
 [3, 1, 1] as lerobot stores them.
@@ -28,6 +32,26 @@ from dreamzero.errors import ConfigError
 DATA_PATH = "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet"
 VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"
 _INDEX_COLUMNS = ("frame_index", "episode_index", "index", "task_index")
+#: name -> imageio-ffmpeg writer settings (libx264). Standard yuv420p halves the chroma resolution and shifts colours
+#: by about half a level; lossless keeps full chroma and the pixels.
+VIDEO_ENCODINGS = {
+    "standard": {"pix_fmt_out": "yuv420p", "quality": 8},
+    "lossless": {"pix_fmt_out": "yuv444p", "quality": None, "output_params": ["-crf", "0"]},
+}
+
+
+def video_encoding_name(encoding: str) -> str:
+    if encoding not in VIDEO_ENCODINGS:
+        raise ConfigError(f"video: expected one of {sorted(VIDEO_ENCODINGS)}, got {encoding!r}")
+    return encoding
+
+
+def dataset_video_encoding(root: str | Path) -> str:
+    """The VIDEO_ENCODINGS name a dataset written here used (by its info.json pix_fmt)."""
+    features = json.loads((Path(root) / "meta" / "info.json").read_text())["features"]
+    fmts = {f["info"]["video.pix_fmt"] for f in features.values() if f.get("dtype") == "video"}
+    names = [n for n, kw in VIDEO_ENCODINGS.items() if kw["pix_fmt_out"] in fmts]
+    return names[0] if names else "standard"
 
 
 @dataclass
@@ -75,16 +99,16 @@ def _merge_stats(parts: list[dict[str, list]], counts: list[int]) -> dict[str, l
     return {**{k: v.reshape(shape).tolist() for k, v in out.items()}, "count": [int(sum(counts))]}
 
 
-def _write_video(path: Path, frames: np.ndarray, fps: float) -> None:
+def _write_video(path: Path, frames: np.ndarray, fps: float, encoding: str = "standard") -> None:
     import imageio_ffmpeg
 
     n, h, w, _ = frames.shape
     if h % 2 or w % 2:
-        raise ConfigError(f"video {path.name}: H.264 / yuv420p needs even sizes, got {h}x{w}")
+        raise ConfigError(f"video {path.name}: H.264 here needs even sizes, got {h}x{w}")
     path.parent.mkdir(parents=True, exist_ok=True)
     # macro_block_size=1: keep the size as is (imageio would otherwise pad to a multiple of 16)
     writer = imageio_ffmpeg.write_frames(
-        str(path), (w, h), fps=fps, codec="libx264", pix_fmt_out="yuv420p", macro_block_size=1, quality=8
+        str(path), (w, h), fps=fps, codec="libx264", macro_block_size=1, **VIDEO_ENCODINGS[encoding]
     )
     writer.send(None)
     for frame in frames:
@@ -92,8 +116,12 @@ def _write_video(path: Path, frames: np.ndarray, fps: float) -> None:
     writer.close()
 
 
-def write_dataset(root: str | Path, episodes: list[Episode], fps: float, robot_type: str) -> Path:
-    """Write `episodes` under `root` (must not exist yet); returns root."""
+def write_dataset(
+    root: str | Path, episodes: list[Episode], fps: float, robot_type: str, video: str = "standard"
+) -> Path:
+    """Write `episodes` under `root` (must not exist yet), videos in encoding `video` (VIDEO_ENCODINGS); returns
+    root."""
+    video_encoding_name(video)
     root = Path(root)
     if root.exists() and any(root.iterdir()):
         raise ConfigError(f"output: {root} exists and is not empty; pick a new directory")
@@ -130,7 +158,7 @@ def write_dataset(root: str | Path, episodes: list[Episode], fps: float, robot_t
             frames = ep.videos[key]
             if len(frames) != n:
                 raise ConfigError(f"episode {e}: video {key} has {len(frames)} frames, expected {n}")
-            _write_video(root / VIDEO_PATH.format(video_key=key, chunk_index=0, file_index=e), frames, fps)
+            _write_video(root / VIDEO_PATH.format(video_key=key, chunk_index=0, file_index=e), frames, fps, video)
             row |= {f"videos/{key}/chunk_index": 0, f"videos/{key}/file_index": e,
                     f"videos/{key}/from_timestamp": 0.0, f"videos/{key}/to_timestamp": n / fps}  # fmt: skip
             stats[key] = _image_stats(frames)
@@ -155,7 +183,8 @@ def write_dataset(root: str | Path, episodes: list[Episode], fps: float, robot_t
         h, w = episodes[0].videos[key].shape[1:3]
         features[key] = {
             "dtype": "video", "shape": [int(h), int(w), 3], "names": ["height", "width", "channels"],
-            "info": {"video.height": int(h), "video.width": int(w), "video.codec": "h264", "video.pix_fmt": "yuv420p",
+            "info": {"video.height": int(h), "video.width": int(w), "video.codec": "h264",
+                     "video.pix_fmt": VIDEO_ENCODINGS[video]["pix_fmt_out"],
                      "video.is_depth_map": False, "video.fps": float(fps), "video.channels": 3, "has_audio": False},
         }  # fmt: skip
     features["timestamp"] = {"dtype": "float32", "shape": [1], "names": None}

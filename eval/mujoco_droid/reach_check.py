@@ -1,6 +1,7 @@
 """Where does a policy send the tool? A teacher-forced check on recorded scene-1 demonstrations, without a simulation.
 
 `python -m eval.mujoco_droid.reach_check --model-path <checkpoint or embedded:name> --dataset <demos> --episodes 30:50`
+(`--pipeline '{"sigma_shift": 12.0}'` screens inference-loop knobs the same way)
 
 For each episode, one session asks the policy for chunk 1 at frame 0 and chunk 2 at frame 24, fed exactly what the
 DROID client sends (the first frame, then frames 1, 8, 16, 24 with the state at 24: the expert's, not the policy's).
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dreamzero.config import pipeline_overrides_arg
 from dreamzero.errors import ConfigError
 from dreamzero.lerobot_dataset import LeRobotDataset
 from dreamzero.train.data import read_video
@@ -131,9 +133,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     which.add_argument(
         "--expert-through", help="no model: the expert through this metadata.json's (or checkpoint's) action bounds"
     )
+    parser.add_argument(
+        "--pipeline",
+        type=pipeline_overrides_arg,
+        default=None,
+        help="inference-loop overrides for --model-path, e.g. '{\"sigma_shift\": 12.0}' (screen knobs before shipping)",
+    )
     parser.add_argument("--dataset", required=True, help="scene-1 demonstrations (use episodes the model never saw)")
     parser.add_argument("--episodes", default=None, help="START:STOP (default: all)")
     args = parser.parse_args(argv)
+    if args.pipeline is not None and args.expert_through is not None:
+        parser.error("--pipeline applies to --model-path only (the expert runs no inference loop)")
     import torch
 
     from dreamzero.embedded_default import resolve_model_path
@@ -152,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         def policy_for(ep):
             return ExpertThroughBounds(ReplayPolicy(args.dataset, ep, embodiment=embodiment), embodiment)
     else:
-        policy = EmbeddedPolicy.load(resolve_model_path(args.model_path))
+        policy = EmbeddedPolicy.load(resolve_model_path(args.model_path), overrides=args.pipeline)
 
         def policy_for(_ep):
             return policy

@@ -31,7 +31,13 @@ from eval.mujoco_droid.expert import (
     sample_detours,
     sample_layout,
 )
-from eval.mujoco_droid.lerobot_writer import Episode, write_dataset
+from eval.mujoco_droid.lerobot_writer import (
+    VIDEO_ENCODINGS,
+    Episode,
+    dataset_video_encoding,
+    video_encoding_name,
+    write_dataset,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +101,14 @@ def record_demos(
     max_attempts: int | None = None,
     layouts: str = "wide",
     detours: float = 0.0,
+    video: str = "standard",
 ) -> dict:
-    """Record `num_episodes` successful episodes under `out`; returns a summary (attempts, success rate, frames)."""
+    """Record `num_episodes` successful episodes under `out` (videos in encoding `video`, see
+    lerobot_writer.VIDEO_ENCODINGS); returns a summary (attempts, success rate, frames)."""
     from eval.mujoco_droid.env import MujocoDroidEnv
 
-    layout_range(layouts)  # fail on a bad name or probability before building the scene
+    layout_range(layouts)  # fail on a bad name, probability or encoding before building the scene
+    video_encoding_name(video)
     sample_detours(np.random.default_rng(0), layouts, detours)
     if num_episodes < 1:
         raise ConfigError(f"episodes: expected >= 1, got {num_episodes}")
@@ -120,7 +129,7 @@ def record_demos(
         env.close()
     for episode in kept:
         episode.extra["layouts"] = layouts
-    root = _write(out, kept, env.control_hz)
+    root = _write(out, kept, env.control_hz, video)
     summary = {
         "episodes": len(kept), "attempts": attempts, "expert_success_rate": len(kept) / attempts,
         "frames": sum(len(e) for e in kept), "seconds": round(time.monotonic() - t0, 1), "root": str(root),
@@ -154,14 +163,14 @@ def read_episodes(root: str | Path) -> list[Episode]:
 
 def merge_datasets(out: str | Path, parts: Sequence[str | Path]) -> Path:
     """One dataset at `out` holding every episode of `parts` (datasets this recorder wrote), in order; the videos are
-    decoded and written again, and the statistics are recomputed over the union."""
+    decoded and written again in the first part's encoding, and the statistics are recomputed over the union."""
     episodes = [e for part in parts for e in read_episodes(part)]
     fps = json.loads((Path(parts[0]) / "meta" / "info.json").read_text())["fps"]
-    return _write(out, episodes, fps)
+    return _write(out, episodes, fps, dataset_video_encoding(parts[0]))
 
 
-def _write(out: str | Path, episodes: list[Episode], fps: float) -> Path:
-    root = write_dataset(out, episodes, fps=fps, robot_type="franka_fr3_mujoco")
+def _write(out: str | Path, episodes: list[Episode], fps: float, video: str = "standard") -> Path:
+    root = write_dataset(out, episodes, fps=fps, robot_type="franka_fr3_mujoco", video=video)
     (Path(root) / "meta" / "modality.json").write_text(json.dumps(MODALITY, indent=2))
     records = [{"episode_index": i, **e.extra} for i, e in enumerate(episodes)]
     (Path(root) / "meta" / "layouts.json").write_text(json.dumps(records, indent=1))
@@ -206,6 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--detours", type=float, default=0.0, metavar="P",
         help="probability of each detour (a via point before the cube, one before the bowl) per episode",
     )  # fmt: skip
+    parser.add_argument(
+        "--video", choices=sorted(VIDEO_ENCODINGS), default="standard",
+        help="H.264 encoding: standard (yuv420p, lossy) or lossless (yuv444p CRF 0, ~5x larger; frames as rendered)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.workers < 1:
@@ -217,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.episodes,
             args.seed,
             args.workers,
-            [*shared, "--layouts", args.layouts, "--detours", str(args.detours)],
+            [*shared, "--layouts", args.layouts, "--detours", str(args.detours), "--video", args.video],
         )
         print(json.dumps(summary))
         return 0
@@ -229,6 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.render_quality,
         layouts=args.layouts,
         detours=args.detours,
+        video=args.video,
     )
     print(json.dumps(summary))
     return 0

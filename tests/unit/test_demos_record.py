@@ -130,3 +130,27 @@ def test_merged_parts_hold_every_episode_and_layout(demos, tmp_path):
     np.testing.assert_array_equal(again[2].vectors["action"], first[0].vectors["action"])
     assert {k: v.shape for k, v in again[3].videos.items()} == {k: v.shape for k, v in first[1].videos.items()}
     compute_metadata(LeRobotDataset(merged), get_preset("oxe_droid"), progress=False)  # the generator reads it
+
+
+def test_lossless_video_keeps_the_rendered_frames_and_survives_a_merge(tmp_path):
+    from eval.mujoco_droid.lerobot_writer import Episode, dataset_video_encoding, write_dataset
+
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 256, (4, 16, 24, 3), dtype=np.uint8)  # noise: the hardest case for a lossy codec
+    frames[:, :8] = 200  # and a flat area, as a table is
+    vectors = {"observation.state": np.zeros((4, 8), np.float32), "action": np.zeros((4, 8), np.float32)}
+    episode = Episode(task="t", vectors=vectors, videos={k: frames for k in VIDEO_FEATURES.values()})
+    errors = {}
+    for video in ("standard", "lossless"):
+        root = write_dataset(tmp_path / video, [episode], fps=15, robot_type="r", video=video)
+        assert dataset_video_encoding(root) == video
+        key = next(iter(VIDEO_FEATURES.values()))
+        back = read_video(root / "videos" / key / "chunk-000" / "file-000.mp4")
+        errors[video] = np.abs(back.astype(int) - frames).max()
+    assert errors["lossless"] <= 2 < errors["standard"]  # within RGB <-> YUV 4:4:4 rounding
+    with pytest.raises(ConfigError, match="video: expected one of"):
+        write_dataset(tmp_path / "bad", [episode], fps=15, robot_type="r", video="av1")
+    # a merge writes in its parts' encoding
+    (tmp_path / "lossless" / "meta" / "layouts.json").write_text(json.dumps([{"episode_index": 0, "seed": 0}]))
+    merged = merge_datasets(tmp_path / "merged", [tmp_path / "lossless"])
+    assert dataset_video_encoding(merged) == "lossless"

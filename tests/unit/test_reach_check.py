@@ -56,6 +56,19 @@ def test_the_cli_runs_a_model_and_names_a_bad_range(demos, capsys):
             main(["--model-path", "embedded:small-scene1", "--dataset", str(demos), "--episodes", bad])
 
 
+def test_the_cli_screens_inference_knobs(demos, capsys):
+    args = ["--model-path", "embedded:small-scene1", "--dataset", str(demos), "--episodes", "0:2"]
+    runs = {}
+    for pipeline in ("{}", '{"sigma_shift": 1.0}'):
+        assert main([*args, "--pipeline", pipeline]) == 0
+        runs[pipeline] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert runs["{}"] != runs['{"sigma_shift": 1.0}']  # the knob reaches the inference loop
+    with pytest.raises(SystemExit):
+        main(["--expert-through", "x.json", "--dataset", str(demos), "--pipeline", "{}"])
+    with pytest.raises(ConfigError, match="pipeline.*sigma_shift"):  # a bad value, named by the model's own config
+        main([*args, "--pipeline", '{"sigma_shift": 0.0}'])
+
+
 def test_the_expert_through_percentile_bounds_falls_short_and_through_min_max_does_not(demos, tmp_path, capsys):
     from dreamzero.lerobot_dataset import LeRobotDataset, get_preset
     from dreamzero.metadata import save_metadata

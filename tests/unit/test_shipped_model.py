@@ -37,7 +37,10 @@ def test_the_reference_resolves_to_a_loadable_small_model():
     assert sum(p.stat().st_size for p in path.glob("*.safetensors")) <= MAX_WEIGHTS_BYTES
     model = load_model(path, device="cpu", dtype=torch.float32)
     small = preset("small")
-    assert model.config.dit == small.dit and model.config.pipeline == small.pipeline
+    record = json.loads((path / "training.json").read_text())
+    # the preset's inference loop, but for the knobs chosen at shipping (`ship --pipeline`), which the record names
+    assert model.config.dit == small.dit
+    assert model.config.pipeline == small.pipeline.with_overrides(record.get("pipeline_overrides"))
     assert model.config.pipeline.model_input_hw == (64, 128) and model.config.pipeline.cfg_scale == 1.0
     # trained, not the seeded random start: the DiT differs from the preset's random weights
     random = DreamZeroModel.from_config(small, device="cpu", dtype=torch.float32, seed=1140)
@@ -45,7 +48,6 @@ def test_the_reference_resolves_to_a_loadable_small_model():
                            random.model.state_dict()["blocks.0.self_attn.q.weight"])  # fmt: skip
     meta = json.loads((path / "experiment_cfg" / "metadata.json").read_text())
     assert "oxe_droid" in meta and not meta["oxe_droid"].get("synthetic", False)
-    record = json.loads((path / "training.json").read_text())
     assert record["step"] > 0 and record["config"]["embodiment"] == "oxe_droid"
     assert not (path / STATE_FILE).exists()
 
@@ -93,6 +95,30 @@ def test_ship_copies_what_serving_reads(tmp_path):
     assert (
         record["step"] == 5 and record["init_record"]["step"] == 2 and record["init_record"]["config"] == {"steps": 2}
     )
+
+
+def test_ship_writes_chosen_inference_knobs_and_refuses_bad_ones(tmp_path, capsys):
+    from dreamzero.train.ship import main
+
+    ckpt = tmp_path / "run" / "checkpoint-0000001"
+    model = DreamZeroModel.from_config(preset("tiny"), device="cpu", dtype=torch.float32, seed=0)
+    model.text_encoder.tokenizer = build_local_tokenizer(preset("tiny").text_encoder.vocab_size)
+    save_model(model, ckpt)
+    torch.save({"step": 1, "config": {"steps": 1}, "optimizer": {}}, ckpt / STATE_FILE)
+    models = tmp_path / "models"
+    assert main([str(ckpt), "--name", "k", "--dest", str(models), "--pipeline", '{"sigma_shift": 12.0}']) == 0
+    shipped = load_model(models / "k", device="cpu", dtype=torch.float32).config.pipeline
+    assert shipped == preset("tiny").pipeline.with_overrides({"sigma_shift": 12.0})
+    assert json.loads((models / "k" / "training.json").read_text())["pipeline_overrides"] == {"sigma_shift": 12.0}
+    with pytest.raises(ConfigError, match="sigma_shift"):  # a bad value: nothing is written
+        ship_checkpoint(ckpt, "bad", models, pipeline={"sigma_shift": -1.0})
+    assert not (models / "bad").exists() and not (models / ".bad.tmp").exists()
+    with pytest.raises(SystemExit):  # a misspelt knob fails at the command line, naming the closest one
+        main([str(ckpt), "--name", "bad", "--dest", str(models), "--pipeline", '{"sigma_shfit": 12.0}'])
+    assert "Did you mean 'sigma_shift'?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([str(ckpt), "--name", "bad", "--dest", str(models), "--pipeline", "[1]"])
+    assert "expected a JSON object" in capsys.readouterr().err
 
 
 def test_train_starts_from_a_named_preset(tmp_path):
