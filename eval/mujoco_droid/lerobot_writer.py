@@ -9,7 +9,7 @@
     videos/<key>/chunk-000/file-<episode>.mp4       one H.264 file per episode and camera (from_timestamp 0)
 
 Videos are H.264 in one of `VIDEO_ENCODINGS`: "standard" (yuv420p, lossy: what cameras' recordings look like) or
-"lossless" (yuv444p at CRF 0: decoded frames within 2 levels of the rendered ones, about 5x the bytes), for a policy
+"lossless" (yuv444p at CRF 0: decoded frames within 2 levels of the rendered ones, about 2.5x the bytes), for a policy
 that will see raw simulator frames at evaluation. info.json's `video.pix_fmt` says which.
 
 lerobot packs several episodes per video file until a size limit; one file per episode is the same layout with the

@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument(
         "--video", choices=sorted(VIDEO_ENCODINGS), default="standard",
-        help="H.264 encoding: standard (yuv420p, lossy) or lossless (yuv444p CRF 0, ~5x larger; frames as rendered)",
+        help="H.264 encoding: standard (yuv420p, lossy) or lossless (yuv444p CRF 0, ~2.5x larger; frames as rendered)",
     )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
