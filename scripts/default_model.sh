@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The embedded trained default (embedded:small-scene1, docs/training.md section 4), one stage or all of them:
 #   scripts/default_model.sh record   100 scripted demonstrations of scene 1, compact layouts (2 recorder processes),
-#                                     twice: standard (lossy) videos, and the same episodes with lossless videos
-#   scripts/default_model.sh train    dreamzero-train in six stages, small preset from seeded random weights (resumes)
+#                                     twice: standard (lossy) videos, and the same episodes with lossless videos; then
+#                                     200 lossless ones (those 100 layouts and 100 more)
+#   scripts/default_model.sh train    dreamzero-train in seven stages, small preset from seeded random weights (resumes)
 #   scripts/default_model.sh ship     copy the newest checkpoint to dreamzero/assets/models/small-scene1
 #   scripts/default_model.sh eval     `serve run serve_config.yaml` + 20 held-out episodes through it, then stop it
 #   scripts/default_model.sh all      the four in order
@@ -22,6 +23,8 @@ record() {
     local args=(--episodes "$EPISODES" --seed 0 --workers 2 --image-size 90 160 --layouts compact)
     run "$BIN/dreamzero-record-demos" --out "$RUN/demos" "${args[@]}"
     run "$BIN/dreamzero-record-demos" --out "$RUN/demos-lossless" "${args[@]}" --video lossless
+    args[1]=$((2 * EPISODES))  # seeds 0.. and 10000..: a superset of the layouts above
+    run "$BIN/dreamzero-record-demos" --out "$RUN/demos-lossless-200" "${args[@]}" --video lossless
 }
 
 train() {
@@ -29,7 +32,8 @@ train() {
     # action term 10x and train on the clip starts serving uses, with the frozen encodings cached; stage 3 trains
     # first chunks only (the one place where nothing but the images says where the cube is), stage 4 the first two;
     # stage 5 switches the actions to min/max bounds (no clamped reach ends) and retrains every chunk, then the first two;
-    # stage 6 retrains on lossless videos, which look like the raw frames a simulator sends: the first two chunks, then all.
+    # stage 6 retrains on lossless videos, which look like the raw frames a simulator sends: the first two chunks, then
+    # all; stage 7 goes on with every chunk on twice as many layouts.
     local common=(--dataset "$RUN/demos" --save-every 100 --log-every 1 --cpu-threads 1)
     local tuned=(--metadata "$RUN/train/checkpoint-$(printf %07d "$STEPS")/experiment_cfg/metadata.json"
         --action-loss-weight 10 --cache-encodings)
@@ -60,11 +64,14 @@ train() {
     run "$BIN/dreamzero-train" "${common[@]}" "${tuned[@]}" --action-bounds min_max --out "$RUN/stage6b" \
         --dataset "$RUN/demos-lossless" --init "$RUN/stage6a/checkpoint-0000600" --steps 400 \
         --batch-size 4 --blocks 4 --lr 7e-5 --warmup-steps 20 --start-stride 96 --cpu-threads 2
+    run "$BIN/dreamzero-train" "${common[@]}" "${tuned[@]}" --action-bounds min_max --out "$RUN/stage7" \
+        --dataset "$RUN/demos-lossless-200" --init "$RUN/stage6b/checkpoint-0000400" --steps 600 \
+        --batch-size 4 --blocks 4 --lr 5e-5 --warmup-steps 20 --start-stride 96 --cpu-threads 2
 }
 
 ship() {
     # sigma_shift 12: chosen after training with `reach_check --pipeline` (docs/training.md, "Stage 6")
-    "$BIN/python" -m dreamzero.train.ship "$RUN/stage6b/$(cat "$RUN/stage6b/latest")" --name small-scene1 \
+    "$BIN/python" -m dreamzero.train.ship "$RUN/stage7/$(cat "$RUN/stage7/latest")" --name small-scene1 \
         --pipeline '{"sigma_shift": 12.0}'
 }
 

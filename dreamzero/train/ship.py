@@ -4,10 +4,11 @@ Copies what serving reads (config.json, the safetensors shards and their index, 
 metadata.json) into `dreamzero/assets/models/<name>/`, leaves the optimizer state behind, and writes
 `training.json` beside them (the run's TrainConfig, the last logged losses, the wall time; and, when the run started
 `--init` from another dreamzero-train checkpoint that still exists, that run's record under `init_record`, and so on
-back to the first stage), so a config can serve it as `model_path: embedded:<name>`. Refuses a checkpoint whose
-weights exceed the size limit of a repository file. `--pipeline '{"sigma_shift": 12.0}'` changes the inference-loop
-defaults the shipped config.json carries (validated as `pipeline:` overrides are; recorded in training.json), for
-knobs chosen after training, e.g. with `python -m eval.mujoco_droid.reach_check --pipeline ...`.
+back to the first stage; from a shipped model, the training.json it shipped with), so a config can serve it as
+`model_path: embedded:<name>`. Refuses a checkpoint whose weights exceed the size limit of a repository file.
+`--pipeline '{"sigma_shift": 12.0}'` changes the inference-loop defaults the shipped config.json carries (validated
+as `pipeline:` overrides are; recorded in training.json), for knobs chosen after training, e.g. with
+`python -m eval.mujoco_droid.reach_check --pipeline ...`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dreamzero.train.trainer import LOG_FILE, STATE_FILE
 
 MAX_WEIGHTS_BYTES = 30 * 2**20
 _PATH_KEYS = ("dataset", "out", "init", "metadata")
+SHIPPED_RECORD = "training.json"
 _COPIED = ("config.json", "model.safetensors.index.json", "tokenizer", "experiment_cfg")
 
 
@@ -47,10 +49,11 @@ def _training_record(checkpoint: Path, depth: int = 0) -> dict:
         "mean_of_last_100_logged_steps": mean,
     }
     init = state["config"].get("init") if isinstance(state["config"], dict) else None
-    if (
-        init and (Path(init) / STATE_FILE).is_file() and depth < 16
-    ):  # a multi-stage model: record the stage it started from
-        record["init_record"] = _training_record(Path(init), depth + 1)
+    if init and depth < 16:  # a multi-stage model: record the stage it started from
+        if (Path(init) / STATE_FILE).is_file():
+            record["init_record"] = _training_record(Path(init), depth + 1)
+        elif (Path(init) / SHIPPED_RECORD).is_file():  # a shipped model has no optimizer state, but its record
+            record["init_record"] = json.loads((Path(init) / SHIPPED_RECORD).read_text())
     return record
 
 
@@ -91,7 +94,7 @@ def ship_checkpoint(
     if config is not None:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         record["pipeline_overrides"] = pipeline
-    (tmp / "training.json").write_text(json.dumps(record, indent=1) + "\n")
+    (tmp / SHIPPED_RECORD).write_text(json.dumps(record, indent=1) + "\n")
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     return dest

@@ -95,6 +95,16 @@ def test_ship_copies_what_serving_reads(tmp_path):
     assert (
         record["step"] == 5 and record["init_record"]["step"] == 2 and record["init_record"]["config"] == {"steps": 2}
     )
+    # a stage started from a shipped model (no optimizer state there): it carries the record that model shipped with
+    third = tmp_path / "run3" / "checkpoint-0000007"
+    save_model(model, third)
+    (third / "experiment_cfg").mkdir()
+    (third / "experiment_cfg" / "metadata.json").write_text("{}")
+    shipped = tmp_path / "models" / "t2"
+    torch.save({"step": 7, "config": {"steps": 7, "init": str(shipped)}, "optimizer": {}}, third / STATE_FILE)
+    record = json.loads((ship_checkpoint(third, "t3", tmp_path / "models") / "training.json").read_text())
+    assert record["step"] == 7 and record["init_record"]["step"] == 5
+    assert record["init_record"]["init_record"]["step"] == 2 and record["config"]["init"] == "t2"
 
 
 def test_ship_writes_chosen_inference_knobs_and_refuses_bad_ones(tmp_path, capsys):
