@@ -2,7 +2,7 @@
 # The embedded trained default (embedded:small-scene1, docs/training.md section 4), one stage or all of them:
 #   scripts/default_model.sh record   100 scripted demonstrations of scene 1, compact layouts (2 recorder processes),
 #                                     twice: standard (lossy) videos, and the same episodes with lossless videos; then
-#                                     200 lossless ones (those 100 layouts and 100 more)
+#                                     twice as many lossless ones (those layouts and as many more)
 #   scripts/default_model.sh train    dreamzero-train in seven stages, small preset from seeded random weights (resumes)
 #   scripts/default_model.sh ship     copy the newest checkpoint to dreamzero/assets/models/small-scene1
 #   scripts/default_model.sh eval     `serve run serve_config.yaml` + 20 held-out episodes through it, then stop it
@@ -20,11 +20,12 @@ export OMP_NUM_THREADS=1 MUJOCO_GL=${MUJOCO_GL:-egl} RAY_AUTH_MODE=${RAY_AUTH_MO
 run() { nice -n "${NICE:-0}" "$@"; }
 
 record() {
-    local args=(--episodes "$EPISODES" --seed 0 --workers 2 --image-size 90 160 --layouts compact)
-    run "$BIN/dreamzero-record-demos" --out "$RUN/demos" "${args[@]}"
-    run "$BIN/dreamzero-record-demos" --out "$RUN/demos-lossless" "${args[@]}" --video lossless
-    args[1]=$((2 * EPISODES))  # seeds 0.. and 10000..: a superset of the layouts above
-    run "$BIN/dreamzero-record-demos" --out "$RUN/demos-lossless-200" "${args[@]}" --video lossless
+    local args=(--seed 0 --workers 2 --image-size 90 160 --layouts compact)
+    run "$BIN/dreamzero-record-demos" --out "$RUN/demos" --episodes "$EPISODES" "${args[@]}"
+    run "$BIN/dreamzero-record-demos" --out "$RUN/demos-lossless" --episodes "$EPISODES" "${args[@]}" --video lossless
+    # twice as many from the same seeds (0.. and 10000..): a superset of the layouts above
+    run "$BIN/dreamzero-record-demos" --out "$RUN/demos-lossless-2x" --episodes $((2 * EPISODES)) "${args[@]}" \
+        --video lossless
 }
 
 train() {
@@ -65,7 +66,7 @@ train() {
         --dataset "$RUN/demos-lossless" --init "$RUN/stage6a/checkpoint-0000600" --steps 400 \
         --batch-size 4 --blocks 4 --lr 7e-5 --warmup-steps 20 --start-stride 96 --cpu-threads 2
     run "$BIN/dreamzero-train" "${common[@]}" "${tuned[@]}" --action-bounds min_max --out "$RUN/stage7" \
-        --dataset "$RUN/demos-lossless-200" --init "$RUN/stage6b/checkpoint-0000400" --steps 600 \
+        --dataset "$RUN/demos-lossless-2x" --init "$RUN/stage6b/checkpoint-0000400" --steps 600 \
         --batch-size 4 --blocks 4 --lr 5e-5 --warmup-steps 20 --start-stride 96 --cpu-threads 2
 }
 
