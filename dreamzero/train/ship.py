@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -53,7 +54,17 @@ def _training_record(checkpoint: Path, depth: int = 0) -> dict:
         if (Path(init) / STATE_FILE).is_file():
             record["init_record"] = _training_record(Path(init), depth + 1)
         elif (Path(init) / SHIPPED_RECORD).is_file():  # a shipped model has no optimizer state, but its record
-            record["init_record"] = json.loads((Path(init) / SHIPPED_RECORD).read_text())
+            record["init_record"] = _shipped_record(Path(init) / SHIPPED_RECORD)
+    return record
+
+
+def _shipped_record(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"init: {path} is not a readable training record ({exc})") from None
+    if not isinstance(record, dict):
+        raise ConfigError(f"init: {path} holds a {type(record).__name__}, expected a JSON object")
     return record
 
 
@@ -81,6 +92,7 @@ def ship_checkpoint(
     if size > MAX_WEIGHTS_BYTES:
         raise ConfigError(f"checkpoint: {size / 2**20:.1f} MiB of weights, over the {MAX_WEIGHTS_BYTES >> 20} MiB cap")
     config = _with_pipeline(src / "config.json", pipeline) if pipeline else None  # a bad knob fails before any copy
+    record = _training_record(src)  # so does a damaged record of the stage it started from
     dest = Path(dest_root) / name
     tmp = dest.with_name(f".{name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -90,7 +102,6 @@ def ship_checkpoint(
             shutil.copytree(item, tmp / item.name)
         elif item.is_file():
             shutil.copy2(item, tmp / item.name)
-    record = _training_record(src)
     if config is not None:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         record["pipeline_overrides"] = pipeline
@@ -112,7 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="inference-loop defaults to ship, e.g. '{\"sigma_shift\": 12.0}'",
     )
     args = p.parse_args(argv)
-    print(ship_checkpoint(args.checkpoint, args.name, args.dest, pipeline=args.pipeline))
+    try:
+        print(ship_checkpoint(args.checkpoint, args.name, args.dest, pipeline=args.pipeline))
+    except ConfigError as exc:  # not a checkpoint, a bad knob, a broken record: one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -149,27 +150,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dreamzero.embedded_default import resolve_model_path
     from dreamzero.policy import EmbeddedPolicy
 
-    torch.set_num_threads(1)
-    total = len(LeRobotDataset(args.dataset).episode_indices)
-    episodes = _episode_range(args.episodes, total) if args.episodes else range(total)
-    if args.expert_through is not None:
-        from dreamzero.embodiments import get_embodiment
-        from dreamzero.metadata import read_metadata_file
-        from dreamzero.policy import ReplayPolicy
+    try:
+        torch.set_num_threads(1)
+        total = len(LeRobotDataset(args.dataset).episode_indices)
+        episodes = _episode_range(args.episodes, total) if args.episodes else range(total)
+        if args.expert_through is not None:
+            from dreamzero.embodiments import get_embodiment
+            from dreamzero.metadata import read_metadata_file
+            from dreamzero.policy import ReplayPolicy
 
-        embodiment = get_embodiment("oxe_droid", read_metadata_file(args.expert_through))
+            embodiment = get_embodiment("oxe_droid", read_metadata_file(args.expert_through))
 
-        def policy_for(ep):
-            return ExpertThroughBounds(ReplayPolicy(args.dataset, ep, embodiment=embodiment), embodiment)
-    else:
-        policy = EmbeddedPolicy.load(resolve_model_path(args.model_path), overrides=args.pipeline)
+            def policy_for(ep):
+                return ExpertThroughBounds(ReplayPolicy(args.dataset, ep, embodiment=embodiment), embodiment)
+        else:
+            policy = EmbeddedPolicy.load(resolve_model_path(args.model_path), overrides=args.pipeline)
 
-        def policy_for(_ep):
-            return policy
+            def policy_for(_ep):
+                return policy
 
-    for row in reach_check(policy_for, args.dataset, episodes):
-        print(json.dumps(row))
-    return 0
+        for row in reach_check(policy_for, args.dataset, episodes):
+            print(json.dumps(row))
+        return 0
+    except ConfigError as exc:  # a bad path, range or override: one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -105,6 +105,11 @@ def test_ship_copies_what_serving_reads(tmp_path):
     record = json.loads((ship_checkpoint(third, "t3", tmp_path / "models") / "training.json").read_text())
     assert record["step"] == 7 and record["init_record"]["step"] == 5
     assert record["init_record"]["init_record"]["step"] == 2 and record["config"]["init"] == "t2"
+    for broken in ("{not json", "[1, 2]"):  # a shipped model whose record is damaged: named, nothing written
+        (shipped / "training.json").write_text(broken)
+        with pytest.raises(ConfigError, match="init: .*training.json"):
+            ship_checkpoint(third, "t4", tmp_path / "models")
+        assert not (tmp_path / "models" / "t4").exists() and not (tmp_path / "models" / ".t4.tmp").exists()
 
 
 def test_ship_writes_chosen_inference_knobs_and_refuses_bad_ones(tmp_path, capsys):
@@ -123,6 +128,9 @@ def test_ship_writes_chosen_inference_knobs_and_refuses_bad_ones(tmp_path, capsy
     with pytest.raises(ConfigError, match="sigma_shift"):  # a bad value: nothing is written
         ship_checkpoint(ckpt, "bad", models, pipeline={"sigma_shift": -1.0})
     assert not (models / "bad").exists() and not (models / ".bad.tmp").exists()
+    capsys.readouterr()
+    assert main([str(models), "--name", "bad", "--dest", str(models)]) == 2  # the CLI: one line, exit status 2
+    assert capsys.readouterr().err.startswith("error: checkpoint: ")
     with pytest.raises(SystemExit):  # a misspelt knob fails at the command line, naming the closest one
         main([str(ckpt), "--name", "bad", "--dest", str(models), "--pipeline", '{"sigma_shfit": 12.0}'])
     assert "Did you mean 'sigma_shift'?" in capsys.readouterr().err
