@@ -9,6 +9,8 @@
 #   scripts/default_model.sh all      the four in order
 # RUN (default runs/small-scene1), STEPS, EPISODES and EVAL_EPISODES override the defaults. Set NICE=19 on a shared
 # machine; the CPU-heavy stages run with one thread each.
+# The scene's cube is turned to face the fingers (docs/training.md, "Stage 9"): a rerun records and trains on the
+# turned cube throughout; the shipped weights were trained on the earlier square cube and evaluated on the turned one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/small-scene1}

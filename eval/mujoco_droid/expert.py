@@ -3,7 +3,9 @@
 The expert reads the privileged object poses, plans a tool-centre-point path (above the cube, down, grasp, lift,
 over the bowl, down, release, up) and turns each 15 Hz path point into absolute joint targets with damped
 least-squares inverse kinematics on the scene's own MuJoCo model (so the targets are exact for the simulated arm).
-The gripper points straight down, as at DROID's home pose; the cube is never rotated, so that suffices.
+The gripper points straight down with the home pose's wrist angle, so its fingers close along a base diagonal; the
+scene turns the cube 45 degrees in its body (`scene.CUBE_FACING_FINGERS`) so that they meet two faces, and the
+cube is never turned further, so no wrist rotation is needed.
 
 Layouts (`LAYOUTS`, drawn by `sample_layout`): "wide" puts the cube and the bowl anywhere in a 0.22 m x 0.50 m
 patch of the table in front of the robot (x 0.40..0.62 m, y -0.25..0.25 m), at least 0.18 m apart; either may be left

@@ -27,6 +27,10 @@ HOME_QPOS = np.array([0.0, -math.pi / 5, 0.0, -4 * math.pi / 5, 0.0, 3 * math.pi
 ARM_JOINTS = tuple(f"fr3_joint{i}" for i in range(1, 8))
 FINGER_JOINTS = ("finger_joint1", "finger_joint2")
 FINGER_OPEN_M = 0.04  # travel of one finger
+#: the cube's yaw in its body: 45 degrees, so that the fingers of the straight-down gripper at DROID's home pose (which
+#: close along a base diagonal) meet two faces; an axis-aligned cube put them on two opposite vertical edges, a grasp
+#: that squeezes the cube out unless the tool is within about 0.5 cm of the diagonal
+CUBE_FACING_FINGERS = [math.cos(math.pi / 8), 0.0, 0.0, math.sin(math.pi / 8)]
 #: tool centre point below the flange; the Franka hand's TCP (the DROID value is measured at the 2F-85's TCP)
 TCP_OFFSET_M = 0.1034
 CONTROL_HZ = 15.0
@@ -172,7 +176,13 @@ def _add_objects(spec: mujoco.MjSpec, scene: SceneSpec) -> None:
     obj = _free_body(spec, scene.object_name, scene.object_xy)
     if scene.object_name == "cube":
         obj.add_geom(
-            name="cube_geom", type=box, size=[0.025] * 3, pos=[0, 0, 0.025], rgba=[0.85, 0.1, 0.1, 1], mass=0.05
+            name="cube_geom",
+            type=box,
+            size=[0.025] * 3,
+            pos=[0, 0, 0.025],
+            quat=CUBE_FACING_FINGERS,
+            rgba=[0.85, 0.1, 0.1, 1],
+            mass=0.05,
         )
     elif scene.object_name == "can":
         obj.add_geom(

@@ -40,6 +40,17 @@ def test_home_pose_tcp_matches_droid(env):
     assert np.linalg.norm(tcp - DROID_HOME_EE) < 0.01, tcp  # measured: (0.3597, 0.0, 0.3865)
 
 
+def test_fingers_close_square_to_the_cube_faces(env):
+    # at the home pose the fingers slide along a base diagonal; the cube is turned to face them, so a top-down grasp
+    # meets two faces instead of two opposite vertical edges (which squeeze the cube out when off centre)
+    env.reset(seed=0)
+    joint = env.model.joint("finger_joint1")
+    slide = env.data.xmat[joint.bodyid[0]].reshape(3, 3) @ env.model.jnt_axis[joint.id]
+    cube = env.data.geom("cube_geom").xmat.reshape(3, 3)
+    alignment = np.abs(cube.T @ slide)  # |cos| to each face normal: one of them is 1 when the fingers face a side
+    assert alignment.max() > 0.999, alignment
+
+
 def test_holds_home_and_tracks_a_target_at_15hz(env):
     obs, _ = env.reset(seed=0)
     for _ in range(10):  # holding home: gravity compensation leaves no sag
