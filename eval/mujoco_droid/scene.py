@@ -29,7 +29,7 @@ FINGER_JOINTS = ("finger_joint1", "finger_joint2")
 FINGER_OPEN_M = 0.04  # travel of one finger
 #: the cube's yaw in its body: 45 degrees, so that the fingers of the straight-down gripper at DROID's home pose (which
 #: close along a base diagonal) meet two faces; an axis-aligned cube put them on two opposite vertical edges, a grasp
-#: that squeezes the cube out unless the tool is within about 0.5 cm of the diagonal
+#: that squeezes the cube out unless the tool is within about 0.6 cm (half a finger pad) of the diagonal
 CUBE_FACING_FINGERS = [math.cos(math.pi / 8), 0.0, 0.0, math.sin(math.pi / 8)]
 #: tool centre point below the flange; the Franka hand's TCP (the DROID value is measured at the 2F-85's TCP)
 TCP_OFFSET_M = 0.1034
