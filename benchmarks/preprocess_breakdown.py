@@ -44,8 +44,8 @@ def _stages(frames: int) -> dict[str, Callable[[], object]]:
     def hop(obj):  # what Serve's gRPC transport does to an argument or a return value, minus the socket
         return cloudpickle.loads(cloudpickle.dumps(obj))
 
-    fast = PreprocessDeployment("oxe_droid")  # compiles the kernel and plans 180x320 (as a replica does at start)
-    old = PreprocessDeployment("oxe_droid")
+    fast = PreprocessDeployment()  # compiles the kernel and plans 180x320 (as a replica does at start)
+    old = PreprocessDeployment()
     old.embodiment.canvas_writer = None  # CropResize per camera + stitch: the path before the canvas kernel
     emb: OxeDroid = fast.embodiment
     obs = droid_observation(frames, seed=1)

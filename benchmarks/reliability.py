@@ -9,6 +9,7 @@ drive it from outside. Every client call is bounded by `--timeout-s`, every scen
 every Ray process of the private temp dir is gone when the script returns. Results: a JSON file (`--json`) and a
 summary on stdout; each scenario says whether its criterion held ("pass").
 """
+# Longer than ~400 lines on purpose: every scenario of docs/reliability.md in one script that shares one cluster set-up.
 
 from __future__ import annotations
 

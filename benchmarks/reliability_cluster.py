@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -19,29 +18,13 @@ from pathlib import Path
 import httpx
 from reliability_stats import prometheus_values
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ of the repository
+from tests.host_support import free_port, kill_leftovers, pids_using
+
 APP = "dzrel"
 IMPORT_PATH = "serve_graph.builder:build_app"
 DEPLOY_TIMEOUT_S = 600
 START_ATTEMPTS = 3  # the shared 2-core machine can take minutes to start four replicas
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pids_using(marker: str) -> list[int]:
-    """Processes whose command line mentions `marker` (the private RAY_TMPDIR): the Ray processes we started."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
 
 
 def _is_raylet(pid: int) -> bool:
@@ -118,14 +101,7 @@ class Cluster:
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
     def _kill_leftovers(self, grace_s: float) -> None:
-        deadline = time.monotonic() + grace_s
-        while pids_using(self.ray_tmp) and time.monotonic() < deadline:
-            time.sleep(1.0)
-        for pid in pids_using(self.ray_tmp):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_leftovers(self.ray_tmp, grace_s)
 
     # 1. Deploying and scaling -----------------------------------------------------------------------------------
 

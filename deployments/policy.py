@@ -2,16 +2,14 @@
 
 Concurrent requests are merged by a continuous batcher (`deployments.batcher`: a batch forms when the model is free,
 waiting at most `batch_wait_timeout_s` for the clients of the previous batch) into as few model calls as possible.
-Requests are only merged when their arrays stack (same frame count and canvas size) and when they share no session
-(one in-flight step per session, in arrival order). Inside a model call every row shares the same forwards, whatever
-its session's frame position (restarting rows add one prefill). A failing group fails only its own requests.
+Requests are only merged when their arrays stack and when they share no session (`deployments.batch_merge`). Inside a
+model call every row shares the same forwards, whatever its session's frame position (restarting rows add one
+prefill). A failing group fails only its own requests.
 
 Memory is admitted per request before requests are merged (dreamzero.sessions, docs/model.md "Memory and admission"):
 a request whose sessions do not fit the byte budget gets CapacityError (503 + Retry-After) alone; batches are bounded
 in session rows (`max_batch_rows`) and a request larger than a batch or than `rows_per_request` gets 413.
 """
-# Longer than ~400 lines on purpose: admission, batch merge/split and routing stats share the replica state of one
-# deployment class.
 
 from __future__ import annotations
 
@@ -20,19 +18,25 @@ import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from ray import serve
 
+from deployments.batch_merge import merge_batches, plan_groups, split_result
 from deployments.batcher import ContinuousBatcher
-from dreamzero.errors import CapacityError, InvalidRequest, PayloadTooLarge
+from deployments.metrics import serving_metrics
+from deployments.routing import STATS_KEYS, STATS_SESSIONS, HeldKeys
+from deployments.sections import ReplayArgs
+from deployments.settings import EmbodimentSource, PolicySettings
+from dreamzero.errors import CapacityError, InvalidRequest, NotReady, PayloadTooLarge
 from dreamzero.types import ChunkResult, ModelBatch
-from serve_graph.metrics import serving_metrics
-from serve_graph.session_router import STATS_KEYS, STATS_SESSIONS, HeldKeys
 
 log = logging.getLogger("dreamzero.serve.policy")
+
+#: a model call running longer than this means a hung device or a deadlock: the replica reports itself unhealthy and
+#: Serve replaces it. Far above any chunk (a 14B batch of 8 rows takes seconds; a CPU warm-up is done in __init__).
+STUCK_CALL_S = 600.0
 
 
 @dataclass
@@ -49,13 +53,6 @@ class _Outcome:
     # a batch function can only fail a whole batch; wrapping lets one bad group fail alone.
     output: PolicyOutput | None = None
     error: BaseException | None = None
-
-
-@dataclass
-class _Group:
-    key: tuple
-    members: list[int] = field(default_factory=list)
-    sessions: set[str] = field(default_factory=set)
 
 
 class CpuThreads:
@@ -90,16 +87,15 @@ def load_pipeline(**kwargs: Any):
     return DreamZeroPipeline.load(**kwargs)
 
 
-def load_replay(replay: dict, embodiment: str, metadata: dict | None, max_sessions: int):
+def load_replay(replay: ReplayArgs, embodiment: EmbodimentSource, max_sessions: int):
     """A LeRobot episode's recorded actions behind the pipeline interface (`policy.replay` in serve_config.yaml)."""
     from deployments.preprocess import load_embodiment
     from deployments.replay import ReplayPipeline
 
-    emb = load_embodiment(embodiment, metadata)
+    emb = load_embodiment(embodiment)
     return ReplayPipeline(
-        emb, replay["dataset"], replay.get("episode", 0), replay.get("stride"), replay.get("action_columns"),
-        max_sessions=max_sessions,
-    )  # fmt: skip
+        emb, replay.dataset, replay.episode, replay.stride, replay.action_columns, max_sessions=max_sessions
+    )
 
 
 def _replica_name() -> str | None:
@@ -110,165 +106,48 @@ def _replica_name() -> str | None:
         return None
 
 
-def _stack_key(batch: ModelBatch) -> tuple:
-    return (
-        batch.images.shape[1:],
-        batch.images.dtype.str,
-        batch.state.shape[1:],
-        batch.negative_prompts is None,
-        batch.embodiment_id is None,
-        batch.action_gain is None,  # robot-unit rows (raw form) and normalised rows never share a model call
-    )
-
-
-def plan_groups(batches: list[ModelBatch]) -> list[list[int]]:
-    """Split requests into mergeable groups, keeping each session's requests in arrival order.
-
-    A request joins the earliest group that stacks with it and comes after every group holding one of its sessions.
-    """
-    groups: list[_Group] = []
-    for i, batch in enumerate(batches):
-        key = _stack_key(batch)
-        ids = set(batch.session_ids)
-        after = max((g_idx for g_idx, g in enumerate(groups) if g.sessions & ids), default=-1)
-        target = next((g for g in groups[after + 1 :] if g.key == key), None)
-        if target is None:
-            target = _Group(key)
-            groups.append(target)
-        target.members.append(i)
-        target.sessions |= ids
-    return [g.members for g in groups]
-
-
-def merge_batches(batches: list[ModelBatch], default_seed: int) -> ModelBatch:
-    """Concatenate stackable requests row-wise into one ModelBatch."""
-    if len(batches) == 1:
-        return batches[0]
-
-    def rows(name: str, fill: Any) -> list:
-        out: list = []
-        for b in batches:
-            value = getattr(b, name)
-            out.extend(value if value is not None else [fill] * len(b))
-        return out
-
-    def cat(name: str) -> np.ndarray:
-        arrays = [getattr(b, name) for b in batches]
-        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)  # a lone request's canvas is not copied
-
-    first = batches[0]
-    return ModelBatch(
-        images=cat("images"),
-        state=cat("state"),
-        state_mask=cat("state_mask"),
-        prompts=[p for b in batches for p in b.prompts],
-        session_ids=[s for b in batches for s in b.session_ids],
-        negative_prompts=None if first.negative_prompts is None else rows("negative_prompts", None),
-        reset_mask=rows("reset_mask", False),
-        expected_steps=rows("expected_steps", None),
-        expected_incarnations=rows("expected_incarnations", None),
-        seeds=rows("seeds", default_seed),
-        embodiment_id=None if first.embodiment_id is None else rows("embodiment_id", 0),
-        rtc_prefix_len=_rows_or_none(batches, "rtc_prefix_len"),
-        rtc_exec_horizon=_rows_or_none(batches, "rtc_exec_horizon"),
-        action_prefix=_rows_or_none(batches, "action_prefix"),
-        action_gain=None if first.action_gain is None else cat("action_gain"),
-        action_bias=None if first.action_bias is None else cat("action_bias"),
-    )
-
-
-def _rows_or_none(batches: list[ModelBatch], name: str) -> list | None:
-    """A per-row field across merged requests: None when no request set it, else rows of the others are None."""
-    if all(getattr(b, name) is None for b in batches):
-        return None
-    out: list = []
-    for b in batches:
-        value = getattr(b, name)
-        out.extend(value if value is not None else [None] * len(b))
-    return out
-
-
-def split_result(result: ChunkResult, sizes: list[int]) -> list[ChunkResult]:
-    if len(sizes) == 1:
-        return [result]
-    parts, start = [], 0
-    for n in sizes:
-        stop = start + n
-        latents = None if result.video_latents is None else result.video_latents[start:stop]
-        parts.append(
-            ChunkResult(
-                actions=result.actions[start:stop],
-                sessions=result.sessions[start:stop],
-                video_latents=latents,
-                timings_ms=dict(result.timings_ms),
-                dit_steps=result.dit_steps,
-            )
-        )
-        start = stop
-    return parts
-
-
 class PolicyDeployment:
     """Owns a DreamZeroPipeline (model + bounded session store) and serves chunks for batches of sessions."""
 
-    def __init__(
-        self,
-        model_path: str | None = None,
-        tokenizer_path: str | None = None,
-        device: str = "cpu",
-        dtype: str | None = None,
-        pipeline_overrides: dict | None = None,
-        max_sessions: int = 128,
-        session_ttl_s: float = 900.0,
-        batching: bool = True,
-        max_batch_size: int = 16,
-        batch_wait_timeout_s: float = 0.005,
-        return_latents: bool = False,
-        torch_threads: int | None = None,
-        rows_per_thread: int = 4,
-        replay: dict | None = None,
-        embodiment: str = "oxe_droid",
-        metadata: dict | None = None,
-        checkpoint_layout: str | None = None,
-        checkpoint_config: str | None = None,
-        session_max_bytes: int | str | None = None,
-        max_batch_rows: int | None = None,
-        rows_per_request: int | None = None,
-        retry_after_s: float = 5.0,
-    ):
+    def __init__(self, settings: PolicySettings | None = None):
         t0 = time.perf_counter()
-        self._threads = CpuThreads(torch_threads, rows_per_thread) if torch_threads and device == "cpu" else None
-        self.max_batch_rows = max_batch_rows or max_sessions  # a request never holds more sessions than that
-        self.rows_per_request = rows_per_request
-        if replay is not None:  # recorded actions instead of a model (deployments/replay.py); no tensors to budget
-            self.pipeline = load_replay(replay, embodiment, metadata, max_sessions)
+        s = self.settings = settings or PolicySettings()
+        sessions, batching = s.sessions, s.batching
+        self._threads = (
+            CpuThreads(s.torch_threads, s.rows_per_thread) if s.torch_threads and s.device == "cpu" else None
+        )
+        self.max_batch_rows = batching.max_batch_rows or sessions.max_sessions  # a request never holds more sessions
+        self.rows_per_request = batching.rows_per_request
+        if s.replay is not None:  # recorded actions instead of a model (deployments/replay.py); no tensors to budget
+            self.pipeline = load_replay(s.replay, s.embodiment, sessions.max_sessions)
         else:
             self.pipeline = load_pipeline(
-                model_path=model_path,
-                layout=checkpoint_layout,
-                config=checkpoint_config,
-                tokenizer_path=tokenizer_path,
-                device=device,
-                dtype=dtype,
-                overrides=pipeline_overrides or None,
-                max_sessions=max_sessions,
-                session_ttl_s=session_ttl_s,
+                model_path=s.model_path,
+                layout=s.checkpoint_layout,
+                config=s.checkpoint_config,
+                tokenizer_path=s.tokenizer_path,
+                device=s.device,
+                dtype=s.dtype,
+                overrides=dict(s.pipeline) or None,
+                max_sessions=sessions.max_sessions,
+                session_ttl_s=sessions.ttl_s,
             )
-            self._set_session_budget(session_max_bytes, retry_after_s)
+            self._set_session_budget(sessions.max_bytes, s.retry_after_s)
         replica = _replica_name()
         self.replica = replica or f"local-{uuid.uuid4().hex[:8]}"
-        self.return_latents = return_latents
+        self.return_latents = s.return_latents
         self.metrics = serving_metrics()
         # The pipeline is not thread-safe: every model / session-store call goes through this one thread, which also
         # keeps the replica's event loop free to accept (and batch) requests while a chunk computes.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dreamzero-model")
+        self._busy_since: float | None = None  # monotonic start of the model call running now
         # Batching across requests happens only in a Serve replica; in-process (and in Serve's local testing mode)
         # requests run one by one, as before.
-        self._batching = batching and replica is not None
+        self._batching = batching.enabled and replica is not None
         self._batcher = ContinuousBatcher(
             self._generate_many,
-            max_batch_size,
-            batch_wait_timeout_s,
+            batching.max_batch_size,
+            batching.batch_wait_timeout_s,
             wants_company=self._starts_session,
             rows_of=len,
             max_batch_rows=self.max_batch_rows,
@@ -299,10 +178,7 @@ class PolicyDeployment:
         busy = {sid for b in batches + self._batcher.queued() for sid in b.session_ids}  # never evicted for room
         # One trip to the model thread per batch (admission, then every group's model call): each thread hop is a
         # wake-up each way, a visible share of a small model's call on a busy CPU.
-        loop = asyncio.get_running_loop()
-        outcomes, calls = await loop.run_in_executor(
-            self._executor, self._admit_and_run, batches, busy, self._default_seed()
-        )
+        outcomes, calls = await self._on_model_thread(self._admit_and_run, batches, busy, self._default_seed())
         for rows, sessions in calls:
             self.metrics.batch_rows.observe(rows)
             self.metrics.observe_sessions(sessions)
@@ -372,15 +248,13 @@ class PolicyDeployment:
     # --- session control --------------------------------------------------------------------------------------
     async def drop_sessions(self, session_ids: list[str]) -> int:
         """Free sessions (a WebSocket connection closed); unknown ids are ignored."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self.pipeline.drop_sessions, list(session_ids))
+        await self._on_model_thread(self.pipeline.drop_sessions, list(session_ids))
         self._update_session_gauges()
         return len(session_ids)
 
     async def reset_sessions(self, session_ids: list[str]) -> int:
         """Restart sessions at their next call, flagged "reset_requested" (the ZMQ door's `reset`)."""
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self.pipeline.reset_sessions, list(session_ids))
+        await self._on_model_thread(self.pipeline.reset_sessions, list(session_ids))
         return len(session_ids)
 
     # --- introspection ----------------------------------------------------------------------------------------
@@ -414,13 +288,38 @@ class PolicyDeployment:
         }
 
     def ready(self) -> bool:
-        """Answers once the model is loaded (the ingress's /health asks every deployment)."""
+        """True when this replica can serve (the ingress's /health asks every deployment); NotReady (503) says why
+        not: no pipeline, or a model call stuck on the model thread past `STUCK_CALL_S`."""
+        problem = self._unservable()
+        if problem is not None:
+            raise NotReady(f"policy replica {self.replica}: {problem}")
         return True
 
     def check_health(self) -> None:
-        # Serve calls this periodically; a replica whose pipeline vanished is restarted.
+        # Serve calls this periodically; an unservable replica is replaced (its sessions restart, flagged).
+        problem = self._unservable()
+        if problem is not None:
+            raise RuntimeError(problem)
+
+    def _unservable(self) -> str | None:
         if getattr(self, "pipeline", None) is None:
-            raise RuntimeError("policy pipeline not loaded")
+            return "the model pipeline is not loaded"
+        since = self._busy_since
+        if since is not None and time.monotonic() - since > STUCK_CALL_S:
+            return f"a model call has been running for {time.monotonic() - since:.0f} s (limit {STUCK_CALL_S:g} s)"
+        return None
+
+    async def _on_model_thread(self, fn, *args):
+        """Run `fn(*args)` on the one model thread, noting when it started (for `ready` / `check_health`)."""
+
+        def timed():
+            self._busy_since = time.monotonic()
+            try:
+                return fn(*args)
+            finally:
+                self._busy_since = None
+
+        return await asyncio.get_running_loop().run_in_executor(self._executor, timed)
 
     def __del__(self) -> None:
         executor = getattr(self, "_executor", None)
@@ -430,7 +329,7 @@ class PolicyDeployment:
     # --- helpers ----------------------------------------------------------------------------------------------
     def _set_session_budget(self, spec: int | str | None, retry_after_s: float) -> None:
         """`sessions.max_bytes` -> the store's budget (auto: measured after a warm-up of the largest batch on GPU)."""
-        from dreamzero.device import resolve_session_budget
+        from dreamzero.pipeline.budget import resolve_session_budget
 
         store = self.pipeline.store
         store.retry_after_s = retry_after_s

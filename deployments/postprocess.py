@@ -9,12 +9,14 @@ from __future__ import annotations
 import numpy as np
 
 from deployments.preprocess import load_embodiment
+from deployments.settings import StageSettings
 from dreamzero.embodiments import PostprocessContext
 
 
 class PostprocessDeployment:
-    def __init__(self, embodiment: str, metadata: dict | None = None):
-        self.embodiment = load_embodiment(embodiment, metadata)  # statistics as data: the checkpoint is never read
+    def __init__(self, settings: StageSettings | None = None):
+        # statistics as data: the checkpoint is never read
+        self.embodiment = load_embodiment((settings or StageSettings()).embodiment)
 
     def run(self, actions: np.ndarray, context: PostprocessContext) -> np.ndarray:
         """[B, H, 32] normalised -> float32 [B, H, action_dim] (8 for DROID)."""

@@ -1,4 +1,5 @@
-"""Preprocess deployment (CPU): raw environment observations -> `ModelBatch` + the context postprocess needs.
+"""Preprocess deployment (CPU): raw environment observations -> `ModelBatch` + the context postprocess needs; and the
+normalised form (RLinf), which maps onto a `ModelBatch` as it is.
 
 A thin adapter around the embodiment's transforms (crop, resize, stitch, q99 state, prompt template), which are pure
 functions of the request plus the statistics, so replicas scale independently of the model. The statistics arrive as
@@ -7,6 +8,7 @@ data (read once by `build_app`, serve_graph/model_source.py): this process never
 
 from __future__ import annotations
 
+from deployments.settings import EmbodimentSource, StageSettings
 from dreamzero.embodiments import Embodiment, PostprocessContext, get_embodiment
 from dreamzero.errors import InvalidRequest
 from dreamzero.types import ModelBatch
@@ -14,9 +16,12 @@ from dreamzero_client.wire.generations import GenerationRequest
 from dreamzero_client.wire.openpi import OPENPI_DROID_KEY_MAP
 
 
-def load_embodiment(tag: str, metadata: dict | None = None) -> Embodiment:
-    """The embodiment with the statistics `build_app` read ({tag: entry}); None: the shipped synthetic file."""
-    return get_embodiment(tag, metadata)
+def load_embodiment(source: EmbodimentSource | str = "oxe_droid") -> Embodiment:
+    """The embodiment with the statistics `build_app` read ({tag: entry}); a bare tag or no metadata: the shipped
+    synthetic file."""
+    if isinstance(source, str):
+        source = EmbodimentSource(tag=source)
+    return get_embodiment(source.tag, source.metadata)
 
 
 def openpi_key_map(embodiment: Embodiment) -> dict[str, str]:
@@ -51,9 +56,34 @@ def preprocess_request(embodiment: Embodiment, request: GenerationRequest) -> tu
     return batch, context
 
 
+def normalised_batch(request: GenerationRequest) -> ModelBatch:
+    """A normalised-form request as it is (prompts are used as sent: RLinf formats them itself)."""
+    if request.form != "normalised":
+        raise InvalidRequest("only a normalised-form request maps directly onto a ModelBatch; run preprocess")
+    obs = request.observation
+    emb = obs.get("embodiment_id")
+    return ModelBatch(
+        images=obs["images"],
+        state=obs["state"],
+        state_mask=obs["state_mask"],
+        prompts=list(request.prompts),
+        session_ids=list(request.session_ids),
+        negative_prompts=request.negative_prompts,
+        reset_mask=list(request.reset_mask),
+        expected_steps=request.expected_steps,
+        expected_incarnations=request.expected_incarnations,
+        seeds=request.seeds,
+        embodiment_id=None if emb is None else [int(x) for x in emb],
+        rtc_prefix_len=request.rtc_prefix_len,
+        rtc_exec_horizon=request.rtc_exec_horizon,
+        action_prefix=request.action_prefix,  # normalised units: this form has no action codec
+        routing_key=request.route_key,
+    )
+
+
 class PreprocessDeployment:
-    def __init__(self, embodiment: str, metadata: dict | None = None):
-        self.embodiment = load_embodiment(embodiment, metadata)
+    def __init__(self, settings: StageSettings | None = None):
+        self.embodiment = load_embodiment((settings or StageSettings()).embodiment)
         self.embodiment.warm_up()  # compile the image kernel here, not on the first request
 
     def run(self, request: GenerationRequest) -> tuple[ModelBatch, PostprocessContext]:

@@ -8,7 +8,8 @@ on a small thread pool (the image kernel releases the GIL, the event loop keeps 
 (720p cameras, many rows) take the hop, where Preprocess replicas add CPUs. Postprocess is microseconds of numpy on
 [B, H, 32] and runs in the front door unless `postprocess.placement: replicas`.
 
-Both front doors (HTTP/WebSocket ingress, ZeroMQ door) use this class, so the choice is made in one place. Each call
+The graph runner (`deployments.graph_runner`, behind every front door) uses this class, so the choice is made in one
+place. Each call
 returns an awaitable with `cancel()` (a DeploymentResponse, or an asyncio future), which the callers' deadlines use.
 """
 
@@ -22,7 +23,9 @@ from typing import Any
 import numpy as np
 
 from deployments.calls import Transport
+from deployments.metrics import ServingMetrics
 from deployments.preprocess import preprocess_request
+from deployments.settings import GraphSettings
 from dreamzero.embodiments import Embodiment, PostprocessContext
 from dreamzero_client.wire.generations import GenerationRequest
 
@@ -58,18 +61,27 @@ def observation_bytes(observation: Any) -> int:
 class RawStages:
     """Runs a raw request's preprocess and postprocess where the app's args say."""
 
-    def __init__(self, embodiment: Embodiment, preprocess: Transport, postprocess: Any, cfg: Any, metrics: Any = None):
+    def __init__(
+        self,
+        embodiment: Embodiment,
+        preprocess: Transport,
+        postprocess: Any,
+        settings: GraphSettings,
+        metrics: ServingMetrics | None = None,
+    ):
         """`preprocess`: the Preprocess deployment in both transports (large requests go by reference);
-        `postprocess`: its handle; `cfg`: the app's `AppArgs`; `metrics`: ServingMetrics (None: not counted)."""
+        `postprocess`: its handle; `settings`: the placements (`preprocess`, `postprocess`); `metrics`: None: not
+        counted."""
         self.embodiment = embodiment
         self._metrics = metrics
         self._preprocess, self._postprocess = preprocess, postprocess
-        self.pre_placement = cfg.preprocess.placement
-        self.ingress_max_bytes = int(cfg.preprocess.ingress_max_bytes)
-        self.post_placement = cfg.postprocess.placement
+        pre = settings.preprocess
+        self.pre_placement = pre.placement
+        self.ingress_max_bytes = int(pre.ingress_max_bytes)
+        self.post_placement = settings.postprocess.placement
         self._pool: ThreadPoolExecutor | None = None
         if self.pre_placement != "replicas":
-            self._pool = ThreadPoolExecutor(cfg.preprocess.ingress_threads, thread_name_prefix="dreamzero-stages")
+            self._pool = ThreadPoolExecutor(pre.ingress_threads, thread_name_prefix="dreamzero-stages")
             embodiment.warm_up()  # compile the image kernel now, not on the first request
         log.info(
             "raw requests: preprocess %s (up to %d bytes here), postprocess %s",

@@ -2,7 +2,7 @@
 
 The errors that cross the wire (and the configuration / dependency errors a robot client also raises) live in the
 light client package, `dreamzero_client.errors`, so that a robot installs them without torch or Ray; this module
-re-exports them and adds what only the model core raises. `serve_graph/errors_http.py` maps every one of them to an
+re-exports them and adds what only the model core raises. `deployments/error_replies.py` maps every one of them to an
 HTTP / WebSocket reply in one place.
 """
 

@@ -136,7 +136,7 @@ def session_footprint(
     k = 0
     while k == 0 or 1 + nfpb * k < window:  # a call at frame position >= window restarts the session instead
         if k > 0 and pipeline.conditioning_by_chunk:
-            y_frames = max(y_frames, 1 + nfpb * (k + 1))  # _extend_conditioning: up to the next block's frames
+            y_frames = max(y_frames, 1 + nfpb * (k + 1))  # extend_conditioning: up to the next block's frames
         kv_frames = min(1 + nfpb * k, window)  # frame 0 at the start, then one observed block per chunk
         part = {
             "kv_cache": dit.num_layers * 2 * nb * kv_frames * dit.frame_seqlen * dit.dim * element_size,

@@ -10,8 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dreamzero_client.errors import InvalidRequest
-from dreamzero_client.wire.generations import GenerationRequest
+# the per-session report is the wire's own type (one definition for server and clients; numpy + msgpack only)
 from dreamzero_client.wire.replies import RESTART_REASONS, SessionReport
 
 __all__ = ["RESTART_REASONS", "ChunkResult", "ModelBatch", "SessionReport"]
@@ -21,7 +20,8 @@ __all__ = ["RESTART_REASONS", "ChunkResult", "ModelBatch", "SessionReport"]
 class ModelBatch:
     """Normalised model inputs for B sessions: what the Policy deployment / pipeline consumes.
 
-    This is exactly the "normalised form" RLinf sends, plus routing/session fields.
+    This is exactly the "normalised form" RLinf sends, plus routing/session fields; the server builds it from a wire
+    request (`deployments.preprocess`: `normalised_batch`, or the embodiment's transforms for the raw form).
     """
 
     images: np.ndarray  # uint8 [B, T, H, W, 3]: the stitched canvas, T in {1, 4} (T=4 stacks; 1 = single frame)
@@ -54,31 +54,6 @@ class ModelBatch:
 
     def __len__(self) -> int:
         return len(self.session_ids)
-
-    @classmethod
-    def from_normalised(cls, request: GenerationRequest) -> ModelBatch:
-        """A normalised-form request as it is (prompts are used as sent: RLinf formats them itself)."""
-        if request.form != "normalised":
-            raise InvalidRequest("only a normalised-form request maps directly onto a ModelBatch; run preprocess")
-        obs = request.observation
-        emb = obs.get("embodiment_id")
-        return cls(
-            images=obs["images"],
-            state=obs["state"],
-            state_mask=obs["state_mask"],
-            prompts=list(request.prompts),
-            session_ids=list(request.session_ids),
-            negative_prompts=request.negative_prompts,
-            reset_mask=list(request.reset_mask),
-            expected_steps=request.expected_steps,
-            expected_incarnations=request.expected_incarnations,
-            seeds=request.seeds,
-            embodiment_id=None if emb is None else [int(x) for x in emb],
-            rtc_prefix_len=request.rtc_prefix_len,
-            rtc_exec_horizon=request.rtc_exec_horizon,
-            action_prefix=request.action_prefix,  # normalised units: this form has no action codec
-            routing_key=request.route_key,
-        )
 
 
 @dataclass

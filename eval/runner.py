@@ -19,7 +19,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,7 @@ from dreamzero_client.policy import Chunk, DroidPolicy, PolicyCallError
 from dreamzero_client.rtc import RtcSchedule, switch_jump
 from eval.env_contract import DroidEnv, check_droid_observation
 from eval.recording import EpisodeRecorder, to_jsonable
-from eval.summary import summarize, summary_markdown
+from eval.summary import config_record, summarize, summary_markdown
 
 
 @dataclass
@@ -43,7 +43,7 @@ class EvalConfig:
     seed: int = 0
     record_video: bool = True
     image_size: tuple[int, int] = droid.IMAGE_HW  # of the recorded video frames
-    extra: dict = field(default_factory=dict)  # free-form facts recorded in run.json (simulator, link, ...)
+    extra: dict = field(default_factory=dict)  # free-form facts recorded in summary.json (simulator, link, ...)
     rtc: bool = False  # real-time chunking: query ahead, emulate the delay, switch at row d
     rtc_delay_steps: int | None = None  # the emulated delay d; None: the measured round trip in control steps
 
@@ -240,7 +240,7 @@ def run_episode(
 def run_evaluation(
     env_factory: Callable[[int], DroidEnv], policy: DroidPolicy, config: EvalConfig, show_progress: bool = False
 ) -> dict:
-    """Run every scene's episodes, write `summary.json`, `summary.md` and `run.json`; return the summary.
+    """Run every scene's episodes, write `summary.json` and `summary.md`; return the summary.
 
     `env_factory(scene_id)` builds the env of one scene; it is closed before the next scene's env is built.
     """
@@ -264,7 +264,7 @@ def run_evaluation(
             finally:
                 env.close()
     summary = summarize(episodes)
-    summary["config"] = to_jsonable({k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()})
+    summary["config"] = to_jsonable(config_record(config))
     summary["policy_link"] = getattr(policy, "name", type(policy).__name__)
     summary["switch_jump"] = _switch_stats(  # the step delta: the mean of the episodes' means
         [sw for ep in episodes for sw in ep["chunk_switches"]],

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
+
+#: the checkout the `eval` package lives in; summary.json records paths relative to it
+REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
@@ -34,6 +39,23 @@ def latency_stats(latencies_ms: list[float]) -> dict:
         "p99": float(p99),
         "max": float(arr.max()),
     }
+
+
+def repo_relative(path: str | Path) -> str | None:
+    """`path` relative to the repository (a relative one is taken from the working directory), or None outside it.
+
+    summary.json files are committed (docs/eval/), so they hold no absolute path of the machine that ran the eval;
+    the paths of the run's own files (`video`, `record`) are relative to the output folder.
+    """
+    try:
+        return Path(path).resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return None
+
+
+def config_record(config) -> dict:
+    """An eval config dataclass as summary.json records it: its paths (`out_dir`) made `repo_relative`."""
+    return {k: (repo_relative(v) if isinstance(v, Path) or k == "out_dir" else v) for k, v in asdict(config).items()}
 
 
 def summarize(episodes: list[dict]) -> dict:

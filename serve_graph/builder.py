@@ -1,8 +1,9 @@
-"""`build_app(args)`: the only place where plain classes become Ray Serve deployments, and the only module of
-`serve_graph` that imports `deployments` (the import rule: docs/architecture.md, "Import direction").
+"""`build_app(args)`: the composition root, the only place where plain classes become Ray Serve deployments.
 
 `serve run serve_config.yaml` imports `serve_graph.builder:build_app` and passes the YAML `args`; they are validated
-first (`serve_graph.config`), so a bad value fails at start with a message that says how to fix it.
+first (`serve_graph.config`), so a bad value fails at start with a message that says how to fix it. Then each
+deployment is bound with its own typed settings (`deployments.settings`). Nothing imports this module: it sits above
+everything it composes (the import rule: docs/architecture.md, "Import direction").
 
     Ingress ──(raw obs)──> Preprocess ──(ModelBatch)──> Policy (sticky, N replicas) ──> Postprocess ──> reply
           └────────────── normalised form skips pre/post ───────────────┘
@@ -15,13 +16,24 @@ from typing import Any
 from ray import serve
 from ray.serve import Application
 
+from deployments.doors.zmq import ZmqIngressDeployment
 from deployments.ingress import IngressDeployment
 from deployments.policy import PolicyDeployment
 from deployments.postprocess import PostprocessDeployment
 from deployments.preprocess import PreprocessDeployment
-from serve_graph.config import AppArgs, CpuStageArgs, parse_app_args
-from serve_graph.model_source import resolve_model
-from serve_graph.routing import session_router_config
+from deployments.sections import CpuStageArgs
+from deployments.settings import (
+    EmbodimentSource,
+    GraphSettings,
+    IngressSettings,
+    PolicySettings,
+    StageSettings,
+    ZmqDoorSettings,
+)
+from dreamzero.device_checks import check_serving_device
+from serve_graph.config import AppArgs, parse_app_args
+from serve_graph.model_source import ResolvedModel, resolve_model
+from serve_graph.session_router import session_router_config
 
 #: Ray Serve settings for every replica of the graph (the per-replica half of RAY_SERVE_THROUGHPUT_OPTIMIZED): user code
 #: runs on the replica's own event loop and handle calls route on the caller's loop, instead of hopping between threads
@@ -79,77 +91,80 @@ def policy_options(cfg: AppArgs) -> dict[str, Any]:
     return opts
 
 
-def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
-    """Validate `args` and bind the graph; raises ConfigError naming the bad field."""
-    cfg = parse_app_args(args)
-    from dreamzero.device import check_serving_device  # no CUDA, no bf16, weights larger than the GPU: fail here
+def embodiment_source(model: ResolvedModel) -> EmbodimentSource:
+    return EmbodimentSource(tag=model.embodiment, metadata=model.metadata)
 
-    # the weights-size check reads safetensors headers of the hf layout; other layouts are loaded unchecked
-    sized = cfg.model_path if cfg.resolved_layout == "hf" else None
-    check_serving_device(cfg.policy.num_gpus, cfg.resolved_device, cfg.dtype, sized)
-    # Read once here, at start (a bad file fails now, not on the first request); the CPU stages get data, not paths.
-    model = resolve_model(cfg)
 
-    preprocess = serve.deployment(PreprocessDeployment, **_cpu_options(PREPROCESS, cfg.preprocess)).bind(
-        model.embodiment, model.metadata
+def graph_settings(cfg: AppArgs, model: ResolvedModel, request_timeout_s: float) -> GraphSettings:
+    return GraphSettings(
+        embodiment=embodiment_source(model),
+        preprocess=cfg.preprocess,
+        postprocess=cfg.postprocess,
+        request_timeout_s=request_timeout_s,
+        max_rows=cfg.sessions.max_sessions,
     )
-    postprocess = serve.deployment(PostprocessDeployment, **_cpu_options(POSTPROCESS, cfg.postprocess)).bind(
-        model.embodiment, model.metadata
+
+
+def ingress_settings(cfg: AppArgs, model: ResolvedModel) -> IngressSettings:
+    """The HTTP / WebSocket doors' settings. The key is resolved here (their process may not see the env var named
+    by api_key_env); no path travels: the statistics are data."""
+    return IngressSettings(
+        graph=graph_settings(cfg, model, cfg.http.request_timeout_s),
+        http=cfg.http,
+        model_name=cfg.model_name,
+        api_key=cfg.resolved_api_key,
     )
-    policy = serve.deployment(PolicyDeployment, **policy_options(cfg)).bind(
+
+
+def zmq_door_settings(cfg: AppArgs, model: ResolvedModel) -> ZmqDoorSettings:
+    return ZmqDoorSettings(
+        graph=graph_settings(cfg, model, cfg.zmq.request_timeout_s), zmq=cfg.zmq, api_key=cfg.resolved_api_key
+    )
+
+
+def policy_settings(cfg: AppArgs, model: ResolvedModel) -> PolicySettings:
+    return PolicySettings(
         model_path=cfg.model_path,
         checkpoint_layout=model.layout,
         checkpoint_config=model.checkpoint_config,
         tokenizer_path=model.tokenizer_path or cfg.tokenizer_path,
         device=cfg.resolved_device,
         dtype=cfg.dtype,
-        pipeline_overrides=dict(cfg.pipeline),
-        max_sessions=cfg.sessions.max_sessions,
-        session_ttl_s=cfg.sessions.ttl_s,
-        batching=cfg.batching.enabled,
-        max_batch_size=cfg.batching.max_batch_size,
-        batch_wait_timeout_s=cfg.batching.batch_wait_timeout_s,
-        return_latents=cfg.return_latents,
+        pipeline=dict(cfg.pipeline),
+        sessions=cfg.sessions,
+        batching=cfg.batching,
         torch_threads=cfg.policy.torch_threads,
         rows_per_thread=cfg.policy.rows_per_thread,
-        replay=None if cfg.policy.replay is None else cfg.policy.replay.model_dump(),
-        embodiment=model.embodiment,
-        metadata=model.metadata,
-        session_max_bytes=cfg.sessions.max_bytes,
-        max_batch_rows=cfg.batching.max_batch_rows,
-        rows_per_request=cfg.batching.rows_per_request,
+        replay=cfg.policy.replay,
+        embodiment=embodiment_source(model),
+        return_latents=cfg.return_latents,
         retry_after_s=cfg.http.retry_after_s,
     )
-    ingress_args = front_door_args(cfg)
-    if cfg.zmq is not None:
-        return _bind_with_zmq_door(cfg, preprocess, policy, postprocess, ingress_args, model.metadata)
+
+
+def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
+    """Validate `args` and bind the graph; raises ConfigError naming the bad field."""
+    cfg = parse_app_args(args)
+    # no CUDA, no bf16, weights larger than the GPU: fail here. The weights-size check reads safetensors headers of
+    # the hf layout; other layouts are loaded unchecked.
+    sized = cfg.model_path if cfg.resolved_layout == "hf" else None
+    check_serving_device(cfg.policy.num_gpus, cfg.resolved_device, cfg.dtype, sized)
+    # Read once here, at start (a bad file fails now, not on the first request); the CPU stages get data, not paths.
+    model = resolve_model(cfg)
+    stage = StageSettings(embodiment=embodiment_source(model))
+
+    preprocess = serve.deployment(PreprocessDeployment, **_cpu_options(PREPROCESS, cfg.preprocess)).bind(stage)
+    postprocess = serve.deployment(PostprocessDeployment, **_cpu_options(POSTPROCESS, cfg.postprocess)).bind(stage)
+    policy = serve.deployment(PolicyDeployment, **policy_options(cfg)).bind(policy_settings(cfg, model))
+    doors = {}
+    if cfg.zmq is not None:  # the ZeroMQ door, one replica: it binds a fixed port
+        door_stage = CpuStageArgs(num_replicas=1, num_cpus=cfg.zmq.num_cpus, resources=cfg.ingress.resources)
+        door_options = _cpu_options(ZMQ_DOOR, door_stage)
+        door_options["max_ongoing_requests"] = 1  # it serves no Serve requests, only health checks
+        doors["zmq"] = serve.deployment(ZmqIngressDeployment, **door_options).bind(
+            preprocess, policy, postprocess, zmq_door_settings(cfg, model)
+        )
     ingress_cls = serve.ingress()(IngressDeployment)  # the ASGI app is built per replica by the class itself
     return serve.deployment(ingress_cls, **_cpu_options(INGRESS, cfg.ingress)).bind(
-        preprocess, policy, postprocess, ingress_args, model.metadata
-    )
-
-
-def front_door_args(cfg: AppArgs) -> dict[str, Any]:
-    """The args the ingress and the ZMQ door validate again in their replicas. The key is resolved here (their process
-    may not see the env var named by api_key_env); the paths only the policy opens are dropped: they may not exist
-    on the front door's node, and the statistics travel as data."""
-    only_policy = {"model_path", "tokenizer_path", "metadata_path", "checkpoint_layout", "checkpoint_config"}
-    update: dict[str, Any] = dict.fromkeys(only_policy)
-    update.update(api_key=cfg.resolved_api_key, api_key_env=None, policy=cfg.policy.model_copy(update={"replay": None}))
-    return cfg.model_copy(update=update).model_dump()
-
-
-def _bind_with_zmq_door(cfg: AppArgs, preprocess, policy, postprocess, ingress_args: dict, metadata) -> Application:
-    """The graph plus the ZeroMQ front door (deployments/zmq_ingress.py), one replica: it binds a fixed port."""
-    from deployments.zmq_ingress import IngressWithZmqDoor, ZmqIngressDeployment
-
-    door_stage = CpuStageArgs(num_replicas=1, num_cpus=cfg.zmq.num_cpus, resources=cfg.ingress.resources)
-    door_options = _cpu_options(ZMQ_DOOR, door_stage)
-    door_options["max_ongoing_requests"] = 1  # it serves no Serve requests, only health checks
-    door = serve.deployment(ZmqIngressDeployment, **door_options).bind(
-        preprocess, policy, postprocess, ingress_args, metadata
-    )
-    ingress_cls = serve.ingress()(IngressWithZmqDoor)
-    return serve.deployment(ingress_cls, **_cpu_options(INGRESS, cfg.ingress)).bind(
-        preprocess, policy, postprocess, ingress_args, metadata, zmq_door=door
+        preprocess, policy, postprocess, ingress_settings(cfg, model), doors=doors
     )

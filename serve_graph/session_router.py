@@ -29,7 +29,7 @@ Ray APIs used here that are alpha or private, pinned by `ray[serve]==2.60.*` and
 - the private `_replicas` mapping (replica id -> RunningReplica) of `RequestRouter`;
 - Serve's private behaviour this design relies on, checked by source there too: the hook name
   `record_routing_stats`, a STOPPING (draining) replica leaving `get_running_replica_infos` (the broadcast) at once,
-  and the pending-request index by internal id that `serve_graph.routing.sticky_call` works around.
+  and the pending-request index by internal id that `deployments.routing.sticky_call` works around.
 """
 
 from __future__ import annotations
@@ -40,15 +40,15 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ray.serve.config import RequestRouterConfig
 from ray.serve.experimental.consistent_hash_router import ConsistentHashRouter
+
+from deployments.routing import STATS_KEYS, STATS_SESSIONS
 
 log = logging.getLogger("dreamzero.serve")
 
 #: the class path for `request_router_config.request_router_class`
 SESSION_ROUTER = "serve_graph.session_router.SessionRouter"
-#: keys of the dict a Policy replica returns from `record_routing_stats`
-STATS_KEYS = "session_keys"
-STATS_SESSIONS = "sessions"
 #: how often the controller asks each Policy replica for its sessions. Each poll is one small actor call per replica;
 #: a report is broadcast only when it changed (sessions started or ended), so 1 s costs little and bounds the window
 #: in which only the placing router knows where a new session lives.
@@ -181,46 +181,6 @@ class LastHolders:
         return len(self._holder)
 
 
-class HeldKeys:
-    """A Policy replica's bookkeeping for its routing-stats report: routing key -> the session ids sent under it.
-
-    A key is reported while one of its sessions lives in the replica's store or a request under it is in flight
-    (a new session is in the store only once its first chunk is computed). Keys whose sessions all left the store
-    (evicted, expired, dropped) are forgotten at the next report, so the map stays as small as the store.
-    """
-
-    def __init__(self) -> None:
-        self._sessions: dict[str, set[str]] = {}
-        self._in_flight: dict[str, int] = {}
-
-    def enter(self, batch) -> str:
-        """Note a request (a ModelBatch) on arrival; returns its key for `leave`."""
-        key = batch.routing_key or batch.session_ids[0]
-        self._sessions.setdefault(key, set()).update(batch.session_ids)
-        self._in_flight[key] = self._in_flight.get(key, 0) + 1
-        return key
-
-    def leave(self, key: str) -> None:
-        n = self._in_flight.get(key, 0) - 1
-        if n > 0:
-            self._in_flight[key] = n
-        else:
-            self._in_flight.pop(key, None)
-
-    def live(self, store) -> tuple[list[str], int]:
-        """(sorted live keys, live sessions among them), pruning the rest; `store` answers `session_id in store`."""
-        keys, sessions = [], 0
-        for key in list(self._sessions):
-            alive = {sid for sid in self._sessions[key] if sid in store}
-            if alive or key in self._in_flight:
-                self._sessions[key] = alive | (self._sessions[key] if key in self._in_flight else set())
-                keys.append(key)
-                sessions += len(alive)
-            else:
-                del self._sessions[key]
-        return sorted(keys), sessions
-
-
 class SessionRouter(ConsistentHashRouter):
     """Ray Serve request router for the Policy deployment (see the module docstring).
 
@@ -270,3 +230,15 @@ class SessionRouter(ConsistentHashRouter):
         if not any(key in v.keys for v in views):
             self._memo.put(key, chosen)
         return [[by_id[chosen]]]
+
+
+def session_router_config() -> RequestRouterConfig:
+    return RequestRouterConfig(
+        request_router_class=SESSION_ROUTER,
+        request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
+        # The report itself takes microseconds (it reads the session store from the replica's event loop, never
+        # waiting for a model call); a slow one means an overloaded node. Past the timeout the controller drops that
+        # poll and retries, keeping the previous report, so routers keep placing by slightly stale keys instead of
+        # none. Ray's default (30 s) would let one stuck poll delay every newer report that long.
+        request_routing_stats_timeout_s=ROUTING_STATS_TIMEOUT_S,
+    )

@@ -6,17 +6,10 @@ one msgpack frame per message, ndarrays and ModalityConfigs as tagged maps) with
 from __future__ import annotations
 
 import io
-import socket
 
 import msgpack
 import numpy as np
 import zmq
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _default(obj):

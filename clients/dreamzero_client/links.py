@@ -82,10 +82,15 @@ class OpenPILink:
             except Exception:  # noqa: BLE001 - closing a dead socket may raise; the connection is gone anyway
                 pass
 
-    def message(self, query: Query) -> dict:
-        """The OpenPI infer message of a query."""
+    def openpi_observation(self, query: Query) -> dict:
+        """The observation keys of a query's OpenPI message (another embodiment's link overrides this)."""
         msg = droid.openpi_observation(query.frames)
         msg[droid.OPENPI_CARTESIAN_KEY] = np.zeros(6, dtype=np.float32)  # DROID clients send it; DreamZero ignores it
+        return msg
+
+    def message(self, query: Query) -> dict:
+        """The OpenPI infer message of a query."""
+        msg = self.openpi_observation(query)
         msg.update(prompt=query.prompt, session_id=query.session_id, response_format="dict")
         if self.echo_continuity and not query.first_call:
             if query.expected_step is not None:
@@ -138,9 +143,13 @@ class HttpLink:
             client = ActionClient(base_url, api_key=api_key, timeout_s=timeout_s, max_retries=max_retries)
         self.client = client
 
+    def raw_observation(self, query: Query) -> dict:
+        """The raw form's observation of a query's one row (another embodiment's link overrides this)."""
+        return droid.raw_observation(query.frames)
+
     def send(self, query: Query) -> LinkReply:
         result = self.client.generate(
-            droid.raw_observation(query.frames),
+            self.raw_observation(query),
             query.prompt,
             query.session_id,
             form="raw",

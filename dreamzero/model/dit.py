@@ -20,6 +20,7 @@ bf16 attention moves outputs by ~4e-3), bf16 for a bf16 model (what upstream's G
 
 Shapes: B rows, C latent channels, F latent frames, H x W latent grid, S = (H/2)*(W/2), D = dim, N heads, d = D/N.
 """
+# Longer than ~400 lines on purpose: one network per file (as in diffusers), its numbered sections read top to bottom.
 
 from __future__ import annotations
 

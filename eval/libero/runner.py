@@ -19,7 +19,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from eval.libero.adapter import (
 from eval.libero.env import CONTROL_HZ, TaskInfo, default_max_steps
 from eval.libero.workers import EnvFailure, EnvWorker
 from eval.recording import EpisodeRecorder, configure_ffmpeg, to_jsonable
-from eval.summary import latency_stats, summarize, summary_markdown
+from eval.summary import config_record, latency_stats, summarize, summary_markdown
 
 #: failure reasons of a policy call (the DROID eval's vocabulary) plus the client's own errors
 POLICY_FAILURE_REASONS = ("server_unreachable", "timeout", "error_reply", "bad_chunk", "client_error")
@@ -387,7 +387,7 @@ def summarize_libero(records: list[dict], config: LiberoEvalConfig, request_late
     summary["request_latency_ms"] = latency_stats(request_latencies_ms)
     summary["latency_ms"] = summary["request_latency_ms"]
     summary["server_calls"] = summary["requests"]
-    cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()}
+    cfg = config_record(config)
     cfg["open_loop_horizon"] = config.action_chunk  # the name the report reads
     cfg["max_steps"] = config.step_limit
     cfg["frame_stack"] = config.frames_per_row

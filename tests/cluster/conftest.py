@@ -7,12 +7,13 @@ controller), so a config-only change (replica count) scales the policy without r
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 import time
 
 import httpx
 import pytest
+
+from tests.host_support import free_port
 
 APP = "dz"
 IMPORT_PATH = "serve_graph.builder:build_app"
@@ -28,12 +29,6 @@ METRICS_URL: dict[str, str] = {}
 HTTP_TIMEOUT_S = 120
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def serve_cluster():
     """(base_url, deploy) where deploy(args, **deployment_overrides) (re)deploys the app and waits for /health."""
@@ -44,7 +39,7 @@ def serve_cluster():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="ray", dir="/tmp"))
     os.environ["RAY_metrics_report_interval_ms"] = "1000"  # metrics reach the Prometheus endpoint within ~1 s
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     ray.init(
         num_cpus=2,
         include_dashboard=False,

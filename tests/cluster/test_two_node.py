@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.host_support import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -68,18 +69,12 @@ AUDIT_HOOK = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _node_ports() -> list[str]:
     names = (
         "--node-manager-port", "--object-manager-port", "--metrics-export-port", "--runtime-env-agent-port",
         "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
     )  # fmt: skip
-    return [f"{name}={_free_port()}" for name in names]  # two nodes on one machine: no fixed default port twice
+    return [f"{name}={free_port()}" for name in names]  # two nodes on one machine: no fixed default port twice
 
 
 def _ray_start(args: list[str], env: dict, temp_dir: str, attempts: int = 3) -> None:
@@ -142,12 +137,12 @@ def two_nodes(tmp_path_factory):
         "DZ_AUDIT_DIR": str(audit),
         "DREAMZERO_CACHE_DIR": str(work / "cache"),
     }
-    port = _free_port()
+    port = free_port()
     common = ["--disable-usage-stats", "--num-cpus=2", "--object-store-memory=100000000", "--node-ip-address=127.0.0.1"]
     try:
         _ray_start(
             ["--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false",
-             f"--dashboard-port={_free_port()}", f"--ray-client-server-port={_free_port()}",
+             f"--dashboard-port={free_port()}", f"--ray-client-server-port={free_port()}",
              "--resources", json.dumps({"head": 1}), *common, *_node_ports()],
             {**base_env, "DZ_AUDIT_LABEL": "head"},
             temp_dir,
@@ -209,7 +204,7 @@ def _drive(address: str, checkpoint: str, out: str) -> None:
     from tests.graph.helpers import content_type, decode, raw_body
 
     ray.init(address=address, log_to_driver=False)
-    http_port = _free_port()
+    http_port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": http_port}, proxy_location="HeadOnly")
     args = {
         "model_path": checkpoint,

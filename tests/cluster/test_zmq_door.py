@@ -15,7 +15,8 @@ from dreamzero_client.wire import codec, generations
 from tests.cluster.conftest import API_KEY, AUTH, BASE_ARGS
 from tests.cluster.test_openpi_ws import connect, droid_frame, pack, recv
 from tests.graph.helpers import decode, droid_raw_observation
-from tests.rldx_support import RldxShapedClient, droid_rldx_observation, free_port
+from tests.host_support import free_port
+from tests.rldx_support import RldxShapedClient, droid_rldx_observation
 from tests.unit.lerobot_fixtures import DROID_MODALITY, random_episodes, write_v2
 
 pytestmark = pytest.mark.cluster

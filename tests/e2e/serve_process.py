@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,27 +17,10 @@ from typing import Any
 import httpx
 import yaml
 
+from tests.host_support import free_port, kill_leftovers
+
 ROOT = Path(__file__).resolve().parents[2]
 HEALTH_TIMEOUT_S = 300
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pids_using(marker: str) -> list[int]:
-    """Processes whose command line mentions `marker` (a private RAY_TMPDIR): the Ray processes one run started."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
 
 
 class ServeRun:
@@ -121,13 +103,6 @@ class ServeRun:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while pids_using(self.ray_tmp) and time.monotonic() < deadline:  # Ray's processes exit after the driver
-            time.sleep(1.0)
-        for pid in pids_using(self.ray_tmp):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_leftovers(self.ray_tmp, grace_s=30)  # Ray's processes exit after the driver
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
         return code

@@ -17,8 +17,9 @@ import websockets
 from websockets.sync.client import connect as ws_connect
 
 from dreamzero_client.openpi_client import OpenPIClient
-from tests.e2e.serve_process import ServeRun, pids_using
+from tests.e2e.serve_process import ServeRun
 from tests.graph.helpers import decode, openpi_droid_observation, raw_body
+from tests.host_support import pids_using
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -14,13 +14,15 @@ from ray import exceptions as ray_exc
 from ray.serve import exceptions as serve_exc
 from starlette.testclient import TestClient
 
-from deployments.http_app import build_fastapi_app
 from deployments.ingress import IngressDeployment
 from deployments.policy import PolicyOutput
 from deployments.postprocess import PostprocessDeployment
 from deployments.preprocess import PreprocessDeployment
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 from dreamzero_client.wire import codec, openpi
+from serve_graph.builder import ingress_settings
+from serve_graph.config import parse_app_args
+from serve_graph.model_source import resolve_model
 from tests.graph.helpers import decode, normalised_body, openpi_droid_observation
 
 KEY = "front-door-key"
@@ -85,12 +87,13 @@ class FakePolicy:
 @pytest.fixture
 def door(monkeypatch):
     policy = FakePolicy()
-    stages = (PreprocessDeployment("oxe_droid"), policy, PostprocessDeployment("oxe_droid"))
+    stages = (PreprocessDeployment(), policy, PostprocessDeployment())
     handles = [FakeHandle(stage) for stage in stages]
-    ingress = IngressDeployment(*handles, {"api_key": KEY, "http": {"max_body_bytes": 1024 * 1024}})
+    cfg = parse_app_args({"api_key": KEY, "http": {"max_body_bytes": 1024 * 1024}})
+    ingress = IngressDeployment(*handles, ingress_settings(cfg, resolve_model(cfg)))
     counted: list[tuple[int, str]] = []
-    monkeypatch.setattr(ingress, "count_request", lambda status, form: counted.append((status, form)))
-    with TestClient(build_fastapi_app(ingress), raise_server_exceptions=False) as client:
+    monkeypatch.setattr(ingress.http, "count_request", lambda status, form: counted.append((status, form)))
+    with TestClient(ingress.__serve_build_asgi_app__(), raise_server_exceptions=False) as client:
         yield SimpleNamespace(client=client, policy=policy, ingress=ingress, counted=counted)
 
 
@@ -149,7 +152,7 @@ def test_a_bug_in_the_front_door_is_a_plain_500(door, monkeypatch):
     async def broken(req, t0):
         raise KeyError("internals")
 
-    monkeypatch.setattr(door.ingress, "answer", broken)
+    monkeypatch.setattr(door.ingress.http, "answer", broken)
     resp = door.client.post(GEN, content=normalised_body(["d"], flavour=codec.JSON), headers=AUTH)
     assert resp.status_code == 500 and resp.json()["error"]["message"] == "Internal inference error"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from deployments.error_replies import classify
 from dreamzero_client.wire import codec
-from serve_graph.errors_http import classify
 from tests.graph.helpers import content_type, decode, normalised_body, raw_body
 
 TIMEOUT_S = 120

@@ -1,19 +1,67 @@
-"""The import rule of docs/architecture.md ("Import direction"), checked by parsing the sources (nothing imported).
+"""The import rules of docs/architecture.md ("Import direction"), checked over the whole tree by parsing the sources.
 
-`serve_graph.builder` is the only module of `serve_graph` that imports `deployments`; `deployments` import the other
-`serve_graph` modules (config, errors, metrics, routing), which import neither `deployments` nor the builder; the
-model core imports neither package, and the client distribution not even the model core. Imports under
-`if TYPE_CHECKING:` are type hints only and do not count.
+Every module of every package is read (imports inside functions count; imports under `if TYPE_CHECKING:` are type
+hints and do not), and three rules hold:
+1. no import circle between files;
+2. packages only import the packages below them (`ALLOWED`): the composition root on top, the client distribution
+   at the ground, so no arrow runs back up;
+3. inside `deployments`, the layers of one request path: the ingress host, the doors (which never import each
+   other), the graph runner, the replicas and stages, and the shared pieces at the bottom (`DEPLOYMENT_LAYERS`).
+`test_a_planted_circle_or_upward_import_fails` plants a violation in a copy of the tree and sees each rule fail.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVER_PACKAGES = ("serve_graph", "deployments")
-BUILDER = "serve_graph.builder"
+
+#: package -> (its source folder, the folder its module names start from)
+PACKAGES = {
+    "serve_graph": ("serve_graph", "."),
+    "deployments": ("deployments", "."),
+    "eval": ("eval", "."),
+    "benchmarks": ("benchmarks", "."),
+    "scripts": ("scripts", "."),
+    "dreamzero": ("dreamzero", "."),
+    "dreamzero_client": ("clients/dreamzero_client", "clients"),
+}
+
+#: which of our packages each package may import (top to bottom). `benchmarks` and `scripts` are run, never
+#: imported; the client distribution installs alone on a robot, so it imports none of ours.
+ALLOWED = {
+    "benchmarks": {"serve_graph", "deployments", "eval", "dreamzero", "dreamzero_client"},
+    "scripts": {"serve_graph", "deployments", "eval", "dreamzero", "dreamzero_client"},
+    "serve_graph": {"deployments", "dreamzero", "dreamzero_client"},
+    "deployments": {"dreamzero", "dreamzero_client"},
+    "eval": {"dreamzero", "dreamzero_client"},
+    "dreamzero": {"dreamzero_client"},
+    "dreamzero_client": set(),
+}
+
+#: layers of `deployments`, top first: a module imports its own layer or lower ones; doors never import each other
+DEPLOYMENT_LAYERS = (
+    ("host", ("deployments.ingress",)),
+    ("door", ("deployments.doors",)),
+    ("runner", ("deployments.graph_runner",)),
+    (
+        "replica",
+        (
+            "deployments.policy", "deployments.batcher", "deployments.batch_merge", "deployments.replay",
+            "deployments.preprocess", "deployments.postprocess", "deployments.stages", "deployments.calls",
+            "deployments.model_info",
+        ),
+    ),
+    (
+        "shared",
+        (
+            "deployments.settings", "deployments.sections", "deployments.error_replies", "deployments.metrics",
+            "deployments.routing", "deployments.auth",
+        ),
+    ),
+)  # fmt: skip
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -23,10 +71,10 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def imported_modules(source: str, module: str) -> set[str]:
+def imported_modules(source: str, module: str, is_package: bool = False) -> set[str]:
     """Modules `source` imports at run time (anywhere in the file, functions included), relative ones resolved."""
     found: set[str] = set()
-    package = module.rsplit(".", 1)[0]
+    package = module if is_package else module.rsplit(".", 1)[0]
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node):
@@ -54,12 +102,34 @@ def module_name(path: Path, root: Path) -> str:
     return name.removesuffix(".__init__")
 
 
-def import_graph(package_dirs: list[Path], root: Path) -> dict[str, set[str]]:
-    """module -> the modules of these packages it imports."""
-    sources = {module_name(p, root): p.read_text() for d in package_dirs for p in sorted(d.rglob("*.py"))}
-    graph = {}
-    for mod, src in sources.items():
-        graph[mod] = {m for m in imported_modules(src, mod) if m in sources and m != mod}
+def _resolve(name: str, modules: set[str]) -> str | None:
+    """The module of ours that an imported name refers to (a name inside a module resolves to that module)."""
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def tree_graph(root: Path) -> dict[str, set[str]]:
+    """module -> the modules of our packages it imports. A package's `__init__` importing its own submodules, and a
+    submodule importing its package's `__init__`, are not edges (Python runs the `__init__` first either way)."""
+    files: dict[str, tuple[Path, bool]] = {}
+    for source, base in PACKAGES.values():
+        for path in sorted((root / source).rglob("*.py")):
+            files[module_name(path, root / base)] = (path, path.name == "__init__.py")
+    modules = set(files)
+    graph: dict[str, set[str]] = {}
+    for mod, (path, is_pkg) in files.items():
+        deps = set()
+        for name in imported_modules(path.read_text(), mod, is_pkg):
+            dep = _resolve(name, modules)
+            if dep is None or dep == mod:
+                continue
+            if (is_pkg and dep.startswith(mod + ".")) or (files[dep][1] and mod.startswith(dep + ".")):
+                continue
+            deps.add(dep)
+        graph[mod] = deps
     return graph
 
 
@@ -86,45 +156,92 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def _server_graph() -> dict[str, set[str]]:
-    return import_graph([ROOT / p for p in SERVER_PACKAGES], ROOT)
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports across packages that `ALLOWED` does not list."""
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        top = mod.split(".")[0]
+        for dep in sorted(deps):
+            other = dep.split(".")[0]
+            if other != top and other not in ALLOWED[top]:
+                bad.append(f"{mod} -> {dep} ({top} may import only {sorted(ALLOWED[top]) or 'none of ours'})")
+    return bad
 
 
-def test_only_the_builder_imports_deployments():
-    graph = _server_graph()
-    importers = {m for m, deps in graph.items() if m.startswith("serve_graph") and any(
-        d.startswith("deployments") for d in deps)}  # fmt: skip
-    assert importers == {BUILDER}, f"only {BUILDER} may import deployments; also: {sorted(importers - {BUILDER})}"
-    assert not [m for m, deps in graph.items() if BUILDER in deps], "nothing imports the builder (it is the top)"
+def deployment_layer(module: str) -> int | None:
+    for i, (_, prefixes) in enumerate(DEPLOYMENT_LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    return None
 
 
-def test_no_import_cycle_between_serve_graph_and_deployments():
-    graph = _server_graph()
-    assert any(graph.values()), "the parser found no imports at all"
-    assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Imports inside `deployments` that point up a layer, or from one door to another; modules in no layer."""
+    bad = []
+    for mod, deps in sorted(graph.items()):
+        if not mod.startswith("deployments.") or mod == "deployments.doors":
+            continue
+        layer = deployment_layer(mod)
+        if layer is None:
+            bad.append(f"{mod} is in no layer of DEPLOYMENT_LAYERS: place it")
+            continue
+        for dep in sorted(d for d in deps if d.startswith("deployments.") and d != "deployments.doors"):
+            dep_layer = deployment_layer(dep)
+            if dep_layer is not None and dep_layer < layer:
+                bad.append(f"{mod} ({DEPLOYMENT_LAYERS[layer][0]}) -> {dep} ({DEPLOYMENT_LAYERS[dep_layer][0]})")
+            elif DEPLOYMENT_LAYERS[layer][0] == "door" and dep_layer == layer:
+                bad.append(f"{mod} -> {dep}: a door never imports another door")
+    return bad
 
 
-def test_model_core_and_clients_import_no_server_package():
-    # the client distribution installs alone on a robot: not even the model core may be imported from it
-    for package_dir, root, forbidden in (
-        (ROOT / "dreamzero", ROOT, SERVER_PACKAGES),
-        (ROOT / "clients" / "dreamzero_client", ROOT / "clients", (*SERVER_PACKAGES, "dreamzero")),
-    ):
-        for path in sorted(package_dir.rglob("*.py")):
-            imported = imported_modules(path.read_text(), module_name(path, root))
-            bad = {m for m in imported if m.split(".")[0] in forbidden}
-            assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+def problems(root: Path) -> list[str]:
+    graph = tree_graph(root)
+    cycle = find_cycle(graph)
+    found = [f"import circle: {' -> '.join(cycle)}"] if cycle else []
+    return found + upward_imports(graph) + layer_violations(graph)
 
 
-def test_the_checker_sees_function_level_imports_and_skips_type_hints(tmp_path):
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "a.py").write_text("def f():\n    from pkg import b\n")
-    hints_only = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.c import X\n"
-    (pkg / "b.py").write_text(hints_only + "from . import a\n")
-    (pkg / "c.py").write_text("import pkg.b\n")
-    graph = import_graph([pkg], tmp_path)
-    assert graph["pkg.a"] == {"pkg", "pkg.b"} and graph["pkg.b"] == {"pkg", "pkg.a"} and "pkg.c" not in graph["pkg.b"]
-    assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.a"]
-    assert find_cycle({"x": {"y"}, "y": set()}) is None
+def test_the_tree_has_no_circle_and_no_import_that_points_up():
+    graph = tree_graph(ROOT)
+    assert len(graph) > 150 and sum(map(len, graph.values())) > 300, "the parser found too few modules or imports"
+    assert {m.split(".")[0] for m in graph} == set(PACKAGES)
+    assert problems(ROOT) == []
+
+
+def test_no_package_imports_the_composition_root():
+    run_only = ("benchmarks", "scripts")  # entry points, like `serve run`, may build the app
+    importers = [m for m, deps in tree_graph(ROOT).items() if "serve_graph.builder" in deps]
+    assert [m for m in importers if not m.startswith(run_only)] == [], f"serve_graph.builder is the top: {importers}"
+
+
+def test_the_model_core_and_the_client_distribution_import_no_server_code():
+    # the checker's table says so too; this names the two rules a robot install and the Ray-free core rely on
+    assert ALLOWED["dreamzero"] == {"dreamzero_client"} and ALLOWED["dreamzero_client"] == set()
+
+
+def test_a_planted_circle_or_upward_import_fails(tmp_path):
+    for source, _ in PACKAGES.values():
+        shutil.copytree(ROOT / source, tmp_path / source, ignore=shutil.ignore_patterns("assets", "__pycache__"))
+    assert problems(tmp_path) == []
+
+    def plant(relative: str, line: str) -> list[str]:
+        target = tmp_path / relative
+        original = target.read_text()
+        target.write_text(original + f"\n\ndef _planted():\n    {line}\n")  # a function-level import counts too
+        try:
+            return problems(tmp_path)
+        finally:
+            target.write_text(original)
+
+    circle = plant("deployments/settings.py", "from deployments.policy import PolicyDeployment")
+    assert any(p.startswith("import circle:") and "deployments.settings" in p for p in circle), circle
+    upward = plant("dreamzero/types.py", "import serve_graph.config")
+    assert any(p.startswith("dreamzero.types -> serve_graph.config") for p in upward), upward
+    ground = plant("clients/dreamzero_client/wire/codec.py", "from dreamzero import errors")
+    assert any(p.startswith("dreamzero_client.wire.codec -> dreamzero.errors") for p in ground), ground
+    sideways = plant("deployments/doors/zmq.py", "from deployments.doors.http import HttpDoor")
+    assert any("a door never imports another door" in p for p in sideways), sideways
+    hints = plant(
+        "dreamzero/types.py", "from typing import TYPE_CHECKING\n    if TYPE_CHECKING:\n        import serve_graph"
+    )
+    assert hints == [], "imports under TYPE_CHECKING are type hints, not arrows"

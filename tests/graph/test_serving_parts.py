@@ -11,15 +11,18 @@ import torch
 from ray import exceptions as ray_exc
 from ray.serve import exceptions as serve_exc
 
-from deployments.openpi_ws import WsSession, buffer_frames
-from deployments.policy import PolicyDeployment, merge_batches, plan_groups, split_result
+from deployments.batch_merge import merge_batches, plan_groups, split_result
+from deployments.doors.openpi_ws import WsSession, buffer_frames
+from deployments.error_replies import classify, reply_response, ws_error_frame
+from deployments.policy import PolicyDeployment
+from deployments.routing import ws_session_id
+from deployments.sections import SessionArgs
+from deployments.settings import PolicySettings
 from dreamzero import errors
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 from dreamzero_client.wire import openpi
 from serve_graph.builder import build_app, policy_options
 from serve_graph.config import parse_app_args
-from serve_graph.errors_http import classify, reply_response, ws_error_frame
-from serve_graph.routing import ws_session_id
 
 # 1. Config ---------------------------------------------------------------------------------------------------------
 
@@ -196,11 +199,14 @@ def test_policy_loads_a_checkpoint_whose_tokenizer_lives_elsewhere(tmp_path):
     save_model(DreamZeroModel.from_config(cfg, seed=3), tmp_path / "ckpt", save_tokenizer=False)
     build_local_tokenizer(cfg.text_encoder.vocab_size).save_pretrained(tmp_path / "tok")
     args = parse_app_args({"model_path": str(tmp_path / "ckpt"), "tokenizer_path": str(tmp_path / "tok")})
-    policy = PolicyDeployment(model_path=args.model_path, tokenizer_path=args.tokenizer_path, max_sessions=4)
+    sessions = SessionArgs(max_sessions=4)
+    policy = PolicyDeployment(
+        PolicySettings(model_path=args.model_path, tokenizer_path=args.tokenizer_path, sessions=sessions)
+    )
     out = asyncio.run(policy.generate(_batch(["tok"])))
     assert out.result.actions.shape == (1, 24, 32) and torch.isfinite(torch.from_numpy(out.result.actions)).all()
     with pytest.raises(errors.CheckpointError, match="umt5-xxl"):
-        PolicyDeployment(model_path=args.model_path, max_sessions=4)
+        PolicyDeployment(PolicySettings(model_path=args.model_path, sessions=sessions))
 
 
 def test_one_failing_group_fails_only_its_own_requests(monkeypatch):
@@ -357,7 +363,7 @@ def test_ws_frame_buffer_first_call_one_frame_then_last_four():
 
 
 def test_ws_request_carries_rtc_options_and_prefers_the_clients_continuity_echo():
-    from deployments.openpi_ws import to_generation_request
+    from deployments.doors.openpi_ws import to_generation_request
     from dreamzero_client.droid import OPENPI_DROID_KEY_MAP
 
     s = WsSession("default", "ws-x:default")

@@ -50,8 +50,8 @@ def test_both_placements_give_the_same_actions_and_sessions(apps):
 
 
 def test_a_bad_camera_is_the_same_named_error_in_both(apps):
+    from deployments.error_replies import classify
     from dreamzero_client.wire import generations
-    from serve_graph.errors_http import classify
     from tests.graph.helpers import droid_raw_observation
 
     obs = droid_raw_observation(1, 1)

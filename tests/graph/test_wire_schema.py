@@ -96,8 +96,8 @@ def test_replies_built_by_the_server_validate(response_format):
 
 
 def test_error_bodies_validate():
+    from deployments.error_replies import classify
     from dreamzero.errors import InvalidObservation
-    from serve_graph.errors_http import classify
 
     body = classify(InvalidObservation("bad", field="input.prompt")).body()
     _validator("error").validate(_as_json(body))

@@ -78,7 +78,10 @@ def test_droid_14b_footprint_on_the_meta_device_equals_the_formula_per_chunk():
     formula's bytes after every chunk, and peaks at ~10.1 GB before its window-full restart."""
     from dreamzero.config import preset
     from dreamzero.model.dreamzero import DreamZeroModel
-    from dreamzero.pipeline import DreamZeroPipeline, _Timer
+    from dreamzero.pipeline import DreamZeroPipeline
+    from dreamzero.pipeline.conditioning import prefill_observed, start_sessions
+    from dreamzero.pipeline.rows import resolve_rows
+    from dreamzero.pipeline.timer import StageTimer
     from dreamzero.sessions import vae_state_nbytes
 
     cfg = preset("droid_14b")
@@ -92,19 +95,20 @@ def test_droid_14b_footprint_on_the_meta_device_equals_the_formula_per_chunk():
     assert list(fp.by_chunk) == [_droid_expected(k, vae_state) for k in range(4)]
     assert 10.0e9 < fp.peak < 10.2e9 and fp.peak == fp.by_chunk[-1]
 
-    from dreamzero.device import warmup_batch
+    from dreamzero.pipeline.budget import warmup_batch
 
-    rows = pipe._resolve(warmup_batch(pipe, 1, (8, 8)))
+    batch = warmup_batch(pipe, 1, (8, 8))
+    rows = resolve_rows(batch, pipe.store, pipe.dit_cfg.max_attention_frames, pipe.config.default_seed)
     state = rows[0].state
     state.text_cache = {b: torch.zeros(1, 512, 4096, device="meta", dtype=torch.bfloat16) for b in ("cond", "uncond")}
     frames = torch.zeros(1, 4, 3, *hw, device="meta")
-    timer = _Timer(torch.device("meta"))
+    timer = StageTimer(torch.device("meta"))
     for k in range(len(fp.by_chunk)):
         if k == 0:
-            pipe._start_sessions(rows, frames[:, -1], timer)
+            start_sessions(pipe, rows, frames[:, -1], timer)
         else:
             rows[0] = dataclasses.replace(rows[0], restarted=False)
-            pipe._prefill_observed(rows, frames, timer)
+            prefill_observed(pipe, rows, frames, timer)
         state.current_start_frame += 2
         assert state.nbytes() == fp.by_chunk[k], f"chunk {k}: {fp.parts[k]}"
 
@@ -117,12 +121,15 @@ def test_droid_14b_footprint_on_the_meta_device_equals_the_formula_per_chunk():
 @pytest.fixture(scope="module")
 def policy():
     from deployments.policy import PolicyDeployment
+    from deployments.sections import SessionArgs
+    from deployments.settings import PolicySettings
 
-    return PolicyDeployment(max_sessions=16, pipeline_overrides={"num_inference_steps": 2, "dit_step_mask": None})
+    pipeline = {"num_inference_steps": 2, "dit_step_mask": None}
+    return PolicyDeployment(PolicySettings(sessions=SessionArgs(max_sessions=16), pipeline=pipeline))
 
 
 def _request(pipe, sid: str, step: int | None = None):
-    from dreamzero.device import warmup_batch, warmup_canvas_hw
+    from dreamzero.pipeline.budget import warmup_batch, warmup_canvas_hw
 
     batch = warmup_batch(pipe, 1, warmup_canvas_hw(pipe), step or 0)
     batch.session_ids = [sid]
@@ -143,7 +150,7 @@ def test_tiny_sessions_hold_exactly_the_formula_chunk_by_chunk(policy):
 
 
 def test_policy_refuses_only_the_request_that_does_not_fit(policy):
-    from serve_graph.errors_http import classify
+    from deployments.error_replies import classify
 
     pipe = policy.pipeline
     peak = pipe.footprint((32, 64)).peak
@@ -176,8 +183,8 @@ def test_policy_refuses_only_the_request_that_does_not_fit(policy):
 
 
 def test_request_larger_than_the_row_budget_gets_413(policy):
+    from deployments.error_replies import classify
     from dreamzero.errors import PayloadTooLarge
-    from serve_graph.errors_http import classify
 
     policy.rows_per_request = 2
     try:

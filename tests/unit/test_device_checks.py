@@ -1,12 +1,16 @@
-"""Fail-early GPU checks and the byte-budget arithmetic of dreamzero.device; the new serving config fields."""
+"""Fail-early GPU checks (dreamzero.device_checks), byte sizes (dreamzero.sizes), the byte-budget arithmetic
+(dreamzero.pipeline.budget); the new serving config fields."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dreamzero.device import DeviceFacts, check_serving_device, checkpoint_nbytes, parse_bytes, split_budget
+from dreamzero.checkpoint.size import checkpoint_nbytes
+from dreamzero.device_checks import DeviceFacts, check_serving_device
 from dreamzero.errors import ConfigError
+from dreamzero.pipeline.budget import split_budget
+from dreamzero.sizes import parse_bytes
 
 H200 = DeviceFacts(cuda=True, bf16=True, total_bytes=141 * 10**9, name="NVIDIA H200")
 

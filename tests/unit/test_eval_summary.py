@@ -1,9 +1,21 @@
 """Success rule, Wilson interval, latency percentiles and the run summary."""
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 
 from eval.success import placed_in
-from eval.summary import latency_stats, summarize, summary_markdown, wilson_interval
+from eval.summary import (
+    REPO_ROOT,
+    config_record,
+    latency_stats,
+    repo_relative,
+    summarize,
+    summary_markdown,
+    wilson_interval,
+)
 
 
 @pytest.mark.parametrize(
@@ -69,3 +81,41 @@ def test_summary_counts_failed_episodes_as_unsuccessful():
     assert s["latency_ms"]["p50"] == 100.0
     md = summary_markdown(s)
     assert "server_unreachable at step 3" in md and "| 1 | task 1 | 1/2 (50%)" in md
+
+
+def _absolute_paths(value) -> list[str]:
+    """Every string in a JSON value that is an absolute path (POSIX, or a Windows drive / UNC path)."""
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in _absolute_paths(v)]
+    if isinstance(value, list):
+        return [p for v in value for p in _absolute_paths(v)]
+    if isinstance(value, str) and (os.path.isabs(value) or value[1:3] in (":\\", ":/") or value.startswith("\\\\")):
+        return [value]
+    return []
+
+
+def test_summary_config_records_no_absolute_path(monkeypatch):
+    from eval.libero.runner import LiberoEvalConfig
+    from eval.runner import EvalConfig
+
+    outside = REPO_ROOT.parent / f"{REPO_ROOT.name}-runs" / "eval"  # as /work/runs/... next to a /work/main checkout
+    assert repo_relative(REPO_ROOT / "runs" / "x" / "eval") == "runs/x/eval"
+    assert repo_relative(outside) is None  # outside the repository: dropped
+    monkeypatch.chdir(REPO_ROOT)
+    assert repo_relative("runs/x/eval") == "runs/x/eval" and repo_relative(Path("runs")) == "runs"
+    for config in (EvalConfig(out_dir=outside), LiberoEvalConfig(out_dir=outside)):
+        record = config_record(config)
+        assert record["out_dir"] is None and record["seed"] == 0
+        assert _absolute_paths(json.loads(json.dumps(record))) == []
+    assert config_record(EvalConfig(out_dir=str(REPO_ROOT / "runs" / "e")))["out_dir"] == "runs/e"
+    assert _absolute_paths({"a": ["/work/x"], "b": "C:\\runs"}) == ["/work/x", "C:\\runs"]
+
+
+@pytest.mark.parametrize(
+    "path", sorted((REPO_ROOT / "docs" / "eval").glob("*/summary.json")), ids=lambda p: p.parent.name
+)
+def test_committed_summaries_hold_no_absolute_path(path):
+    summary = json.loads(path.read_text())
+    assert _absolute_paths(summary) == []
+    for ep in summary["episode_records"]:  # the report's links are relative to the run folder
+        assert ep["video"] is None or not Path(ep["video"]).is_absolute()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -100,7 +101,7 @@ def test_random_chunks_never_leave_the_workspace_or_the_limits():
     runner, robot, _, poses = _runner(link, max_steps=60)
     result = runner.run_episode(0)
     assert result.status == "completed", result.reason
-    cfg = runner.filt.config
+    cfg = runner.safety.config
     ref = None
     for pose in robot.pose_commands:
         # after a hold the filter starts from the measured pose, which the simulated controller reaches only within
@@ -152,6 +153,17 @@ def test_prefetch_and_operator_label():
     assert result.server_calls == 2  # the second chunk was queried 2 ticks early, in the background
 
 
+def test_loop_rtc_leaves_franka_pnp_on_whole_chunks():
+    """The tick is `EpisodeRunner`'s, RTC included; `PnpPolicy` has none, so a `loop.rtc` (the CLI passes --rtc to
+    either embodiment) is left unused: whole 12-row chunks, queried as without it."""
+    link = PnpLink()
+    runner, robot, _, _ = _runner(link, rtc=True)
+    result = runner.run_episode(0)
+    assert result.status == "completed", result.reason
+    assert result.server_calls == 2 and [q.first_call for q in link.queries] == [True, False]  # 24 steps = 2 x 12
+    assert len(robot.pose_commands) == 24
+
+
 def test_loop_rate_must_match_the_action_space():
     link = PnpLink()
     poses = task_poses()
@@ -160,6 +172,29 @@ def test_loop_rate_must_match_the_action_space():
             SimCartesianRobot(), SimGripper(), {n: SyntheticCamera(n) for n in PNP_CAMERAS},
             PnpPolicy(link, "x"), PnpSafetyFilter(poses), LoopConfig(control_hz=15.0),
         )  # fmt: skip
+
+
+def test_http_link_sends_the_raw_form_with_continuity_and_no_rtc_fields():
+    class Client:
+        def __init__(self):
+            self.calls = []
+
+        def generate(self, observation, prompt, session_id, **parameters):
+            self.calls.append((observation, prompt, session_id, parameters))
+            return SimpleNamespace(actions=[np.zeros((12, 7))], sessions=[{"step": 2}], timings={"model_ms": 1.0})
+
+    obs = {WIRE_IMAGE: np.zeros((128, 128, 3), np.uint8), WIRE_WRIST: np.ones((128, 128, 3), np.uint8),
+           WIRE_STATE: np.arange(19, dtype=np.float32)}  # fmt: skip
+    client = Client()
+    link = PnpHttpLink(client=client)
+    first = link.send(PnpQuery("s1", "pick", obs, first_call=True, expected_step=3, expected_incarnation="inc"))
+    later = link.send(PnpQuery("s1", "pick", obs, first_call=False, expected_step=3, expected_incarnation="inc"))
+    assert first.session == {"step": 2} and first.timings == {"model_ms": 1.0} and first.actions.shape == (12, 7)
+    (raw, prompt, sid, params), (_, _, _, later_params) = client.calls
+    assert sorted(raw) == ["state.state", "video.image", "video.wrist_image"] and (prompt, sid) == ("pick", "s1")
+    assert params == {"form": "raw", "expected_steps": [None], "expected_incarnations": [None]}  # first: none echoed
+    assert later_params == {"form": "raw", "expected_steps": [3], "expected_incarnations": ["inc"]}
+    assert later.actions.shape == (12, 7)
 
 
 def test_wire_messages_of_both_links():

@@ -11,6 +11,7 @@ import pytest
 
 from deployments.postprocess import PostprocessDeployment
 from deployments.preprocess import PreprocessDeployment
+from deployments.settings import EmbodimentSource, StageSettings
 from dreamzero.errors import ConfigError
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
@@ -31,7 +32,7 @@ def _args(path, layout: str, **extra) -> dict:
 
 @pytest.mark.parametrize("layout", ["hf", "full_weights", "diffusers"])
 def test_each_layout_is_resolved_once_into_data(layouts, layout):
-    from serve_graph.builder import build_app, front_door_args
+    from serve_graph.builder import build_app, ingress_settings, zmq_door_settings
 
     path = layouts[layout]
     cfg = parse_app_args(_args(path, layout))
@@ -43,9 +44,11 @@ def test_each_layout_is_resolved_once_into_data(layouts, layout):
     # what the CPU stages receive: picklable data that names no file of the checkpoint
     shipped = pickle.dumps(model.metadata)
     assert str(path) not in json.dumps(model.metadata) and pickle.loads(shipped) == model.metadata
-    door = front_door_args(cfg)
-    assert door["model_path"] is None and door["tokenizer_path"] is None and door["metadata_path"] is None
-    assert parse_app_args(door).embodiment == "oxe_droid"  # the front door validates its args without the checkpoint
+    # the front doors' settings name no path at all (their replicas may run on nodes without the checkpoint)
+    door_cfg = parse_app_args({**_args(path, layout), "zmq": {}})
+    for door in (ingress_settings(door_cfg, model), zmq_door_settings(door_cfg, model)):
+        assert str(path) not in door.model_dump_json() and door.graph.embodiment.tag == "oxe_droid"
+        assert pickle.loads(pickle.dumps(door)) == door
     build_app(_args(path, layout))
 
 
@@ -87,7 +90,7 @@ def test_statistics_come_from_beside_the_checkpoint_or_metadata_path(layouts, tm
     assert model.metadata["oxe_droid"]["statistics"]["state"]["gripper_position"]["q99"] == [0.75]
     # the CPU stages build their embodiment from this data, not from a file
     for stage_cls in (PreprocessDeployment, PostprocessDeployment):
-        stage = stage_cls("oxe_droid", model.metadata)
+        stage = stage_cls(StageSettings(embodiment=EmbodimentSource(tag="oxe_droid", metadata=model.metadata)))
         assert stage.embodiment.metadata.stats("state.gripper_position").q99.tolist() == [0.75]
     explicit = tmp_path / "other.json"
     explicit.write_text(json.dumps({"libero_sim": stats["libero_sim"]}))

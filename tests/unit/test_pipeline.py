@@ -3,7 +3,7 @@
 Loop logic runs on the tiny DiT with small deterministic stand-in encoders (fast, and independent of the encoder
 implementations); `test_tiny_preset_end_to_end` runs the real tiny DreamZeroModel.
 """
-# Longer than ~400 lines on purpose: it mirrors dreamzero/pipeline.py section by section.
+# Longer than ~400 lines on purpose: it covers the dreamzero/pipeline/ package concern by concern.
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dreamzero.config import DiTConfig, PipelineConfig, preset
+from dreamzero.config import DiTConfig, PipelineConfig, apply_overrides, preset
 from dreamzero.errors import ConfigError, InvalidObservation
 from dreamzero.model.dit import CausalWanDiT
-from dreamzero.pipeline import DreamZeroPipeline, StepPlan, apply_overrides
+from dreamzero.pipeline import DreamZeroPipeline, StepPlan
 from dreamzero.sessions import SessionStore
 from dreamzero.types import ModelBatch
 

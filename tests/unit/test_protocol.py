@@ -8,8 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from deployments.preprocess import normalised_batch
 from dreamzero.errors import InvalidObservation, InvalidRequest
-from dreamzero.types import ModelBatch, SessionReport
+from dreamzero.types import SessionReport
 from dreamzero_client.wire import codec, generations, openpi, replies
 
 B = 2
@@ -62,7 +63,7 @@ def test_rlinf_normalised_body_round_trips_through_codec_and_parser():
     assert req.reset_mask == [True, True] and req.seeds == [1140, 1140]
     assert req.observation["state"].dtype == np.float32 and req.observation["state_mask"].dtype == bool
     assert req.route_key == "rlinf-eval-r0-stage0-slot0"
-    batch = ModelBatch.from_normalised(req)
+    batch = normalised_batch(req)
     assert batch.images.shape == (B, 1, 16, 32, 3) and batch.embodiment_id == [0, 0] and len(batch) == B
 
 
@@ -73,7 +74,7 @@ def test_raw_body_infers_raw_form_flattens_nested_keys_and_broadcasts_prompt():
     assert req.prompts == ["pick up the cube"] * B
     assert req.expected_steps == [None, 3] and req.reset_mask == [False, False]
     with pytest.raises(InvalidRequest, match="normalised"):
-        ModelBatch.from_normalised(req)
+        normalised_batch(req)
 
 
 def test_json_lists_become_arrays_with_canonical_dtypes():

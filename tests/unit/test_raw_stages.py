@@ -9,6 +9,7 @@ import pytest
 
 from deployments.calls import BY_REFERENCE_MIN_BYTES, Transport, arrays_bytes
 from deployments.preprocess import load_embodiment, preprocess_request
+from deployments.settings import GraphSettings
 from deployments.stages import RawStages, array_bytes, observation_bytes
 from dreamzero.errors import ConfigError, InvalidObservation
 from dreamzero_client.wire import generations
@@ -49,7 +50,9 @@ def raw_request(t: int = 1, b: int = 1, obs: dict | None = None) -> generations.
 
 def stages(args: dict, metrics=None) -> tuple[RawStages, RecordingHandle, RecordingHandle]:
     pre, post = RecordingHandle(), RecordingHandle()
-    stage = RawStages(load_embodiment("oxe_droid"), Transport(pre), post, parse_app_args(args), metrics)
+    cfg = parse_app_args(args)
+    settings = GraphSettings(preprocess=cfg.preprocess, postprocess=cfg.postprocess)
+    stage = RawStages(load_embodiment("oxe_droid"), Transport(pre), post, settings, metrics)
     return stage, pre, post
 
 

@@ -8,7 +8,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from deployments.policy import _stack_key, merge_batches
+from deployments.batch_merge import merge_batches, stack_key
+from deployments.preprocess import normalised_batch
 from dreamzero.types import ModelBatch
 from dreamzero_client.errors import InvalidObservation, InvalidRequest
 from dreamzero_client.wire import codec, generations, rldx
@@ -136,7 +137,7 @@ def test_http_rtc_parameters_parse_per_row_or_broadcast():
     req = generations.parse_generation_request(obj, flavour)
     assert req.rtc_prefix_len == [4, 4] and req.rtc_exec_horizon == [8, None]
     assert req.action_prefix[0].shape == (4, 32) and req.action_prefix[1] is None
-    batch = ModelBatch.from_normalised(req)
+    batch = normalised_batch(req)
     assert batch.rtc_prefix_len == [4, 4] and batch.action_prefix[0].dtype == np.float64
     broadcast = generations.parse_generation_request(_http_body(action_prefix=np.zeros((3, 8))))
     assert [p.shape for p in broadcast.action_prefix] == [(3, 8), (3, 8)]
@@ -183,4 +184,4 @@ def test_merge_batches_carries_rtc_fields_and_the_action_codec():
     plain = merge_batches([_batch(["a"]), _batch(["b"])], default_seed=1140)
     assert plain.rtc_prefix_len is None and plain.action_gain is None
     # rows with a codec (raw form) and without (normalised form) never stack into one call
-    assert _stack_key(_batch(["a"], gain=True)) != _stack_key(_batch(["a"]))
+    assert stack_key(_batch(["a"], gain=True)) != stack_key(_batch(["a"]))

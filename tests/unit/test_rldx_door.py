@@ -1,4 +1,4 @@
-"""The ZMQ front door (deployments/zmq_ingress.py) over a real ROUTER socket, in process: real Preprocess and
+"""The ZMQ front door (deployments/doors/zmq.py) over a real ROUTER socket, in process: real Preprocess and
 Postprocess, a Policy deployment serving a recorded LeRobot episode (no weights), stand-in handles instead of Ray."""
 
 from __future__ import annotations
@@ -12,15 +12,21 @@ import msgpack
 import numpy as np
 import pytest
 
+from deployments.doors.zmq import ZmqDoor
+from deployments.graph_runner import GraphRunner
 from deployments.policy import PolicyDeployment
 from deployments.postprocess import PostprocessDeployment
 from deployments.preprocess import PreprocessDeployment
-from deployments.zmq_ingress import ZmqDoor
+from deployments.sections import ReplayArgs
+from deployments.settings import PolicySettings
 from dreamzero.embodiments import get_embodiment
 from dreamzero_client.errors import AuthenticationError, ReplyTimeout
 from dreamzero_client.zmq_client import ZmqPolicyClient
+from serve_graph.builder import zmq_door_settings
 from serve_graph.config import parse_app_args
-from tests.rldx_support import RldxShapedClient, droid_rldx_observation, free_port
+from serve_graph.model_source import resolve_model
+from tests.host_support import free_port
+from tests.rldx_support import RldxShapedClient, droid_rldx_observation
 from tests.unit.lerobot_fixtures import DROID_MODALITY, random_episodes, write_v2
 
 TOKEN = "door-token"
@@ -64,10 +70,12 @@ def episode(tmp_path_factory):
 def _start_door(episode_dir, policy_delay_s=0.0, **zmq_args):
     port = free_port()
     cfg = parse_app_args({"api_key": TOKEN, "zmq": {"port": port, "host": "127.0.0.1", **zmq_args}})
-    policy = PolicyDeployment(replay={"dataset": str(episode_dir), "episode": 1, "stride": 8})
-    handles = (FakeHandle(PreprocessDeployment("oxe_droid")), FakeHandle(policy, policy_delay_s),
-               FakeHandle(PostprocessDeployment("oxe_droid")))  # fmt: skip
-    door = ZmqDoor(cfg, *handles)
+    replay = ReplayArgs(dataset=str(episode_dir), episode=1, stride=8)
+    policy = PolicyDeployment(PolicySettings(replay=replay))
+    handles = (FakeHandle(PreprocessDeployment()), FakeHandle(policy, policy_delay_s),
+               FakeHandle(PostprocessDeployment()))  # fmt: skip
+    settings = zmq_door_settings(cfg, resolve_model(cfg))
+    door = ZmqDoor(GraphRunner(*handles, settings.graph), settings)
     loop = asyncio.new_event_loop()
     started = threading.Event()
 

@@ -7,6 +7,8 @@ import pytest
 
 from deployments.policy import PolicyDeployment
 from deployments.replay import ReplayPipeline
+from deployments.sections import ReplayArgs
+from deployments.settings import PolicySettings
 from dreamzero.embodiments import get_embodiment
 from dreamzero.errors import ConfigError
 from dreamzero.types import ModelBatch
@@ -62,7 +64,7 @@ def test_raw_form_round_trips_through_the_action_codec(dataset):
 
 
 def test_policy_deployment_serves_the_replay(dataset):
-    policy = PolicyDeployment(replay={"dataset": str(dataset[0]), "episode": 0})
+    policy = PolicyDeployment(PolicySettings(replay=ReplayArgs(dataset=str(dataset[0]), episode=0)))
     info = policy.info()
     assert info["config_name"] == "replay" and info["action_horizon"] == 24 and info["max_action_dim"] == 32
 

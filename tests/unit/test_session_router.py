@@ -10,11 +10,9 @@ import sys
 
 import pytest
 
+from deployments.routing import STATS_KEYS, STATS_SESSIONS, HeldKeys
 from dreamzero.types import ModelBatch
 from serve_graph.session_router import (
-    STATS_KEYS,
-    STATS_SESSIONS,
-    HeldKeys,
     LastHolders,
     PlacementMemo,
     ReplicaView,
@@ -223,7 +221,7 @@ def test_bad_router_kwargs_are_refused(kwargs):
 
 
 def test_policy_generate_routes_by_the_key_and_carries_it_in_the_batch():
-    from serve_graph.routing import policy_generate
+    from deployments.routing import policy_generate
 
     calls = []
 

@@ -13,6 +13,11 @@ Per episode:
    one starts at the row of that tick (d when on time); the arm holds only if the old chunk runs out first;
 4. the episode ends after `max_steps`, on an operator label / abort / quit, on Ctrl+C (aborted), or as failed with
    its reason (server lost, too many rejected chunks, a device fault). The arm holds on every way out.
+
+The tick (`EpisodeRunner._control`: timing, chunk scheduling, prefetch / RTC, rejections, holds, logging, the
+episode's end) exists once; what is the embodiment's goes through the hooks of section 3 (`go_home`, `read_devices`,
+`accept_chunk`, `execute_row`, `log_entry`), which this class fills in for DROID's joint control and
+`pnp.loop.PnpEpisodeRunner` for franka_pnp's Cartesian control.
 """
 # Longer than ~400 lines on purpose: one control tick (observe, query / prefetch / RTC, safety filter, command, log)
 # must read top to bottom in one file.
@@ -21,7 +26,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -32,7 +36,7 @@ from dreamzero_client.errors import ConfigError, DreamZeroError
 from dreamzero_client.franka.contracts import Camera, DeviceError, Gripper, Robot
 from dreamzero_client.franka.episode_log import EpisodeLog
 from dreamzero_client.franka.operator import Command, Operator
-from dreamzero_client.franka.safety import DROID_HOME, SafetyFilter, Watchdog
+from dreamzero_client.franka.safety import DROID_HOME, CommandGate, SafetyFilter, Watchdog
 from dreamzero_client.policy import Chunk, ChunkRejected, DroidPolicy, PolicyCallError
 from dreamzero_client.rtc import RtcSchedule, switch_jump
 
@@ -117,54 +121,23 @@ class EpisodeResult:
         return out
 
 
-class _EpisodeEnd(Exception):
+class EpisodeEnd(Exception):
+    """Ends the running episode with `status` ("completed" | "aborted" | "failed"), `reason` and `label`; raised
+    inside the episode (the tick, the operator keys, a hook) and caught by `run_episode`."""
+
     def __init__(self, status: str, reason: str | None = None, label: str | None = None):
         super().__init__(reason or status)
         self.status, self.reason, self.label = status, reason, label
 
 
-class CommandGate:
-    """Serialises arm commands from the loop and the watchdog, and remembers whether the arm was held since."""
-
-    def __init__(self, robot: Robot):
-        self.robot = robot
-        self._lock = threading.Lock()
-        self._held = False
-        self.holds = 0
-
-    def send(self, joint_targets: np.ndarray) -> bool:
-        """Send unless the watchdog held the arm since the loop last asked `was_held()`: that command was filtered
-        against the pre-hold reference, so it is dropped and the next tick starts again from the measured position."""
-        with self._lock:
-            if self._held:
-                return False
-            self.robot.send(joint_targets)
-            return True
-
-    def send_pose(self, pose: np.ndarray, joint_hint: np.ndarray) -> bool:
-        """A TCP pose target (franka_pnp; the robot is a `pnp.cartesian.CartesianRobot`); dropped after a hold, as
-        `send`."""
-        with self._lock:
-            if self._held:
-                return False
-            self.robot.send_pose(pose, joint_hint)
-            return True
-
-    def hold(self) -> None:
-        with self._lock:
-            self.robot.hold()
-            self._held = True
-            self.holds += 1
-
-    def was_held(self) -> bool:
-        """True once after a hold: the next command must start from the measured position."""
-        with self._lock:
-            held, self._held = self._held, False
-            return held
-
-
 class EpisodeRunner:
     """Runs episodes on connected devices. `cameras` maps the DROID camera names (`droid.CAMERAS`) to cameras."""
+
+    #: what the tick treats as a refused chunk (the arm holds, the loop asks again, too many in a row fail the
+    #: episode); the first is the policy's own check (`validate_chunk`), an embodiment may add its `accept_chunk`'s
+    rejections: tuple[type[Exception], ...] = (ChunkRejected,)
+    #: the gripper state the tick assumes after `go_home` (None: unknown, the first row commands the gripper)
+    gripper_after_home: bool | None = None
 
     def __init__(
         self,
@@ -203,10 +176,10 @@ class EpisodeRunner:
         try:
             self.policy.reset()  # releases the previous episode's session; a new session id
             result.session_id = self.policy.session_id
-            self._go_home(gate)
+            self.go_home(gate)
             with watchdog:
                 self._control(result, gate, watchdog, log)
-        except _EpisodeEnd as end:
+        except EpisodeEnd as end:
             result.status, result.reason, result.label = end.status, end.reason, end.label
         except PolicyCallError as exc:
             result.status, result.reason = "failed", str(exc)
@@ -242,33 +215,26 @@ class EpisodeRunner:
             log.close({**result.summary(), "prompt": self.policy.prompt, "config": asdict(cfg)})
         return result
 
-    def _go_home(self, gate: CommandGate) -> None:
-        self.robot.move_to(np.asarray(self.config.home, dtype=np.float64), timeout_s=self.config.home_timeout_s)
-        self.gripper.open(timeout_s=self.config.gripper_timeout_s)
-        self.safety.reset()
-        gate.was_held()
-
-    # 2. the control loop -------------------------------------------------------------------------------------------
+    # 2. the control tick ------------------------------------------------------------------------------------------
     def _control(self, result: EpisodeResult, gate: CommandGate, watchdog: Watchdog, log: EpisodeLog | None) -> None:
         cfg = self.config
         chunk: Chunk | None = None
+        rows: np.ndarray | None = None  # the rows of `chunk` that `accept_chunk` let through; None: ask for a chunk
         row = executed = 0  # next row of `chunk` to execute; rows executed since it arrived
         rejected_in_a_row = 0
-        gripper_closed: bool | None = None
+        self._gripper_closed = self.gripper_after_home
         next_tick = time.monotonic()
         for step in range(cfg.max_steps):
             tick_start = time.monotonic()
             self._handle_operator(gate, watchdog)
-            arm = self.robot.observe()
-            gripper_pos = self.gripper.observe()
-            obs = {name: cam.observe() for name, cam in self.cameras.items()}
-            obs.update(joint_position=arm.joint_positions, gripper_position=[gripper_pos])
             record: dict = {"step": step, "t": tick_start, "queried": False}
+            obs, reading = self.read_devices(record)
             observed = False  # each tick's frame enters the policy's history exactly once
 
             # 2a. a new chunk when the executed part of the current one is used up (RTC: when the schedule says)
             rtc_row = self._rtc_switch_row() if self.rtc is not None and chunk is not None else None
-            if chunk is None or (executed >= cfg.open_loop_horizon and not cfg.rtc) or rtc_row is not None:
+            if rows is None or (executed >= cfg.open_loop_horizon and self.rtc is None) or rtc_row is not None:
+                answered = False  # a reply counts as a server call even when `accept_chunk` refuses it
                 try:
                     if self._pending is not None:
                         self.policy.observe(obs)
@@ -282,6 +248,7 @@ class EpisodeRunner:
                     else:
                         observed = True  # infer records the frame before it can fail
                         chunk, row = self.policy.infer(obs), 0
+                    answered = True
                     result.server_calls += 1
                     result.latencies_ms.append(chunk.latency_ms)
                     if self.rtc is not None:
@@ -289,20 +256,22 @@ class EpisodeRunner:
                     record.update(queried=True, latency_ms=chunk.latency_ms, server=chunk.session)
                     if chunk.restarted:
                         record["session_restarted"] = chunk.restarted
+                    rows = self.accept_chunk(chunk)
                     executed, rejected_in_a_row = 0, 0
-                except ChunkRejected as exc:
-                    result.server_calls += 1
+                except self.rejections as exc:
+                    if not answered:  # the reply itself was unusable
+                        result.server_calls += 1
                     result.rejected_chunks += 1
                     rejected_in_a_row += 1
-                    chunk = None
+                    chunk = rows = None
                     gate.hold()
-                    record.update(queried=True, rejected=str(exc), held=True)
+                    record.update(queried=True, rejected=self.describe_rejection(exc), held=True)
                     logger.warning("chunk rejected (%d in a row): %s", rejected_in_a_row, exc)
                     if rejected_in_a_row >= cfg.max_rejected_chunks:
-                        raise _EpisodeEnd(
+                        raise EpisodeEnd(
                             "failed", f"{rejected_in_a_row} chunks in a row rejected; last: {exc}"
                         ) from exc
-                    self._finish_tick(log, record, arm, gripper_pos, result, step, next_tick)
+                    self._finish_tick(log, record, obs, reading, result, step, next_tick)
                     next_tick = self._sleep_until(next_tick + cfg.period_s)
                     continue
                 except PolicyCallError:
@@ -325,39 +294,36 @@ class EpisodeRunner:
             if not observed:
                 self.policy.observe(obs)
 
-            # 2c. the safety filter, then the command
-            action = chunk.actions[row]
+            # 2c. the safety filter, then the command (after a hold the filter starts again from the measured state)
             if gate.was_held():
                 self.safety.reset()
-            cmd = self.safety.filter(action[:7], arm.joint_positions)
-            gate.send(cmd.joint_targets)
-            watchdog.feed()
-            closed = droid.binarize_gripper(action[7], self.safety.config.gripper_threshold) == 1.0
-            if closed != gripper_closed:
-                self.gripper.send(closed)
-                gripper_closed = closed
-            for name in cmd.clamped:
+            for name in self.execute_row(rows[row], row, reading, gate, watchdog, record):
                 result.clamps[name] = result.clamps.get(name, 0) + 1
-            record.update(chunk_row=row, action=action, command=cmd.joint_targets, clamped=list(cmd.clamped))
-            record["gripper_command"] = closed
-            row += 1
+            row += 1  # the policy's min_rows keeps row inside the chunk (open-loop horizon + prefetch lead)
             executed += 1
 
-            self._finish_tick(log, record, arm, gripper_pos, result, step, next_tick)
+            self._finish_tick(log, record, obs, reading, result, step, next_tick)
             next_tick = self._sleep_until(next_tick + cfg.period_s)
 
-    def _finish_tick(self, log, record, arm, gripper_pos, result, step, next_tick) -> None:
+    def _finish_tick(self, log, record, obs, reading, result, step, next_tick) -> None:
         result.steps = step + 1
         if log is None:
             return
+        fields, views = self.log_entry(obs, reading)
+        record.update(fields)
         record.update(
-            joint_position=arm.joint_positions,
-            gripper_position=gripper_pos,
             tick_ms=(time.monotonic() - record["t"]) * 1e3,
             late_ms=max(0.0, (record["t"] - next_tick) * 1e3),
         )
-        newest = self.policy.history.select(first_call=True)[0]  # this tick's frame, as the policy sees it
-        log.step(record, [newest.images[name] for name in droid.CAMERAS])
+        log.step(record, views)
+
+    def send_gripper(self, closed: bool | None) -> bool | None:
+        """Command the gripper when `closed` differs from its last command (None keeps it); the state after. Only
+        changes are sent: a gripper command takes a while and runs one at a time."""
+        if closed is not None and closed != self._gripper_closed:
+            self.gripper.send(closed)
+            self._gripper_closed = closed
+        return self._gripper_closed
 
     def _rtc_switch_row(self) -> int | None:
         """The row the new chunk starts at this tick, or None to keep executing the old one."""
@@ -391,14 +357,14 @@ class EpisodeRunner:
                 if cmd in (Command.PAUSE, Command.RESUME):
                     continue
             if cmd is Command.ABORT:
-                raise _EpisodeEnd("aborted", "aborted by the operator")
+                raise EpisodeEnd("aborted", "aborted by the operator")
             if cmd is Command.SUCCESS:
-                raise _EpisodeEnd("completed", None, "success")
+                raise EpisodeEnd("completed", None, "success")
             if cmd is Command.FAILURE:
-                raise _EpisodeEnd("completed", None, "failure")
+                raise EpisodeEnd("completed", None, "failure")
             if cmd is Command.QUIT:
                 self.quit_requested = True
-                raise _EpisodeEnd("aborted", "quit by the operator")
+                raise EpisodeEnd("aborted", "quit by the operator")
 
     @staticmethod
     def _sleep_until(deadline: float) -> float:
@@ -408,7 +374,58 @@ class EpisodeRunner:
             return deadline
         return now  # overran (e.g. a synchronous query): restart the schedule instead of catching up
 
-    # 3. ways out ---------------------------------------------------------------------------------------------------
+    # 3. the embodiment's hooks (DROID joint control here; franka_pnp's in pnp/loop.py) -----------------------------
+    def go_home(self, gate: CommandGate) -> None:
+        """Before the first tick: move to the start pose, open the gripper, start the safety filter afresh."""
+        self.robot.move_to(np.asarray(self.config.home, dtype=np.float64), timeout_s=self.config.home_timeout_s)
+        self.gripper.open(timeout_s=self.config.gripper_timeout_s)
+        self.safety.reset()
+        gate.was_held()
+
+    def read_devices(self, record: dict) -> tuple[dict, tuple]:
+        """Observe the devices: (the policy's observation of this tick, the reading `execute_row` and `log_entry` get
+        back); may add fields to the tick's `record`. DROID: the cameras by DROID name, joints and gripper."""
+        arm = self.robot.observe()
+        gripper_pos = self.gripper.observe()
+        obs = {name: cam.observe() for name, cam in self.cameras.items()}
+        obs.update(joint_position=arm.joint_positions, gripper_position=[gripper_pos])
+        return obs, (arm, gripper_pos)
+
+    def accept_chunk(self, chunk: Chunk) -> np.ndarray:
+        """The rows of a new chunk to execute; raise one of `rejections` to refuse the chunk whole. DROID: the policy
+        already checked it (`validate_chunk`); every row still passes the safety filter in `execute_row`."""
+        return chunk.actions
+
+    @staticmethod
+    def describe_rejection(exc: Exception) -> str:
+        """A refused chunk's note in the step log."""
+        return str(exc)
+
+    def execute_row(
+        self, action: np.ndarray, row: int, reading: tuple, gate: CommandGate, watchdog: Watchdog, record: dict
+    ) -> tuple[str, ...]:
+        """Pass one row through the safety filter, command the arm (through `gate`; feed `watchdog` when a command
+        went out) and the gripper (`send_gripper`), note it in `record`; returns the names of the limits that
+        changed the command. DROID: a joint target, the gripper by DROID's rule."""
+        arm, _ = reading
+        cmd = self.safety.filter(action[:7], arm.joint_positions)
+        gate.send(cmd.joint_targets)
+        watchdog.feed()
+        closed = droid.binarize_gripper(action[7], self.safety.config.gripper_threshold) == 1.0
+        self.send_gripper(closed)
+        record.update(chunk_row=row, action=action, command=cmd.joint_targets, clamped=list(cmd.clamped))
+        record["gripper_command"] = closed
+        return cmd.clamped
+
+    def log_entry(self, obs: dict, reading: tuple) -> tuple[dict, list[np.ndarray]]:
+        """(the measured fields of the step log, the views of the episode video). DROID: joints and gripper; the
+        three views as the policy keeps this tick's frame."""
+        arm, gripper_pos = reading
+        newest = self.policy.history.select(first_call=True)[0]  # this tick's frame, as the policy sees it
+        views = [newest.images[name] for name in droid.CAMERAS]
+        return {"joint_position": arm.joint_positions, "gripper_position": gripper_pos}, views
+
+    # 4. ways out ---------------------------------------------------------------------------------------------------
     def _safe_hold(self, gate: CommandGate) -> None:
         try:
             gate.hold()
@@ -431,7 +448,7 @@ class EpisodeRunner:
             except Exception as exc:  # noqa: BLE001 - its result belongs to an episode that is over
                 logger.info("discarded the in-flight query of the finished episode: %s", exc)
 
-    # 4. a whole deployment session ----------------------------------------------------------------------------------
+    # 5. a whole deployment session ----------------------------------------------------------------------------------
     def run(self, episodes: int) -> list[EpisodeResult]:
         results: list[EpisodeResult] = []
         try:

@@ -9,7 +9,10 @@ What it enforces (limits from trusted Franka stacks, see docs/franka.md):
 4. Optionally a workspace box for the gripper's TCP, checked with forward kinematics: a step that would leave the
    box is shortened to the last point inside it.
 5. Gripper binarisation with DROID's rule (`droid.binarize_gripper`, > threshold -> closed).
-6. A watchdog that holds the arm when no valid command was sent in time (the loop is blocked, the server is gone).
+6. A watchdog that holds the arm when no valid command was sent in time (the loop is blocked, the server is gone),
+   through the `CommandGate` both control loops send by: after a hold, the command filtered before it is dropped.
+
+The limit arithmetic (joint limits, per-step limits, bisection) is shared with franka_pnp's filter (`limits.py`).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dreamzero_client.errors import ConfigError
-from dreamzero_client.franka.contracts import NUM_JOINTS
+from dreamzero_client.franka.contracts import NUM_JOINTS, Robot
 from dreamzero_client.franka.kinematics import tcp_position
+from dreamzero_client.franka.limits import JointLimitFields, longest_safe_fraction, per_step_limit, widened
 from dreamzero_client.policy import ChunkRejected
 
 # 1. Franka Research 3 limits (rad, rad/s) and the DROID home pose
@@ -37,7 +41,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class SafetyConfig:
+class SafetyConfig(JointLimitFields):
     """Limits the filter enforces. Defaults are the FR3's with DROID's 0.2 rad per-step bound."""
 
     joint_lower: np.ndarray = field(default_factory=lambda: FR3_JOINT_LOWER.copy())
@@ -51,19 +55,9 @@ class SafetyConfig:
     gripper_threshold: float = 0.5
 
     def __post_init__(self) -> None:
-        for name in ("joint_lower", "joint_upper", "max_joint_velocity"):
-            value = np.asarray(getattr(self, name), dtype=np.float64)
-            if value.shape != (NUM_JOINTS,) or not np.all(np.isfinite(value)):
-                raise ConfigError(f"safety.{name} must be {NUM_JOINTS} finite numbers, got {getattr(self, name)!r}")
-            setattr(self, name, value)
-        if not 0 <= self.joint_margin_rad < 0.5:
-            raise ConfigError(f"safety.joint_margin_rad must be in [0, 0.5), got {self.joint_margin_rad}")
-        if np.any(self.lower >= self.upper):
-            raise ConfigError("safety.joint_lower + margin must stay below safety.joint_upper - margin on every joint")
+        self._check_joint_limits("safety")
         if not 0 < self.max_step_rad <= 0.5:
             raise ConfigError(f"safety.max_step_rad must be in (0, 0.5], got {self.max_step_rad}")
-        if np.any(self.max_joint_velocity <= 0):
-            raise ConfigError("safety.max_joint_velocity must be positive on every joint")
         if not 0 < self.control_hz <= 1000:
             raise ConfigError(f"safety.control_hz must be in (0, 1000], got {self.control_hz}")
         if (self.workspace_min is None) != (self.workspace_max is None):
@@ -79,17 +73,9 @@ class SafetyConfig:
             raise ConfigError(f"safety.gripper_threshold must be in (0, 1), got {self.gripper_threshold}")
 
     @property
-    def lower(self) -> np.ndarray:
-        return self.joint_lower + self.joint_margin_rad
-
-    @property
-    def upper(self) -> np.ndarray:
-        return self.joint_upper - self.joint_margin_rad
-
-    @property
     def step_limit(self) -> np.ndarray:
         """(7,) largest allowed change of each joint target per control step."""
-        return np.minimum(self.max_step_rad, self.max_joint_velocity / self.control_hz)
+        return per_step_limit(self.max_step_rad, self.max_joint_velocity, self.control_hz)
 
     @property
     def has_workspace(self) -> bool:
@@ -136,8 +122,7 @@ class SafetyFilter:
         clamped = []
 
         # 2. limits minus margin; a joint already outside them may only move back towards them
-        lo, hi = np.minimum(cfg.lower, ref), np.maximum(cfg.upper, ref)
-        safe = np.clip(target, lo, hi)
+        safe = np.clip(target, *widened(cfg.lower, cfg.upper, ref))
         if not np.array_equal(safe, target):
             clamped.append("joint_limit")
 
@@ -152,13 +137,9 @@ class SafetyFilter:
         if cfg.has_workspace:
             allowed = self.workspace_violation(ref) + 1e-9
             if self.workspace_violation(safe) > allowed:
-                good, bad = 0.0, 1.0
-                for _ in range(12):
-                    mid = 0.5 * (good + bad)
-                    if self.workspace_violation(ref + mid * (safe - ref)) <= allowed:
-                        good = mid
-                    else:
-                        bad = mid
+                good, _ = longest_safe_fraction(
+                    lambda f: self.workspace_violation(ref + f * (safe - ref)) <= allowed, 12
+                )
                 safe = ref + good * (safe - ref)
                 clamped.append("workspace")
 
@@ -228,3 +209,43 @@ class Watchdog:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class CommandGate:
+    """Serialises arm commands from the loop and the watchdog, and remembers whether the arm was held since."""
+
+    def __init__(self, robot: Robot):
+        self.robot = robot
+        self._lock = threading.Lock()
+        self._held = False
+        self.holds = 0
+
+    def send(self, joint_targets: np.ndarray) -> bool:
+        """Send unless the watchdog held the arm since the loop last asked `was_held()`: that command was filtered
+        against the pre-hold reference, so it is dropped and the next tick starts again from the measured position."""
+        with self._lock:
+            if self._held:
+                return False
+            self.robot.send(joint_targets)
+            return True
+
+    def send_pose(self, pose: np.ndarray, joint_hint: np.ndarray) -> bool:
+        """A TCP pose target (franka_pnp; the robot is a `pnp.cartesian.CartesianRobot`); dropped after a hold, as
+        `send`."""
+        with self._lock:
+            if self._held:
+                return False
+            self.robot.send_pose(pose, joint_hint)
+            return True
+
+    def hold(self) -> None:
+        with self._lock:
+            self.robot.hold()
+            self._held = True
+            self.holds += 1
+
+    def was_held(self) -> bool:
+        """True once after a hold: the next command must start from the measured position."""
+        with self._lock:
+            held, self._held = self._held, False
+            return held

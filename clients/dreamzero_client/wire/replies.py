@@ -143,7 +143,7 @@ def parse_actions_response(resp: Any) -> ActionsReply:
 
 
 def error_body(code: str, message: str, field: str | None = None) -> dict:
-    """HTTP error reply body: structured `error` plus FastAPI/sglang-style `detail` (see serve_graph.errors_http)."""
+    """HTTP error reply body: structured `error` plus FastAPI/sglang-style `detail` (see deployments.error_replies)."""
     err = {"code": code, "message": message}
     if field is not None:
         err["field"] = field

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -51,6 +52,9 @@ class PnpQuery:
     first_call: bool
     expected_step: int | None = None
     expected_incarnation: str | None = None
+    # the links send a query's RTC fields: franka_pnp queries never ask for real-time chunking (its loop executes
+    # whole chunks), so there are none
+    rtc: ClassVar[None] = None
 
 
 def check_observation(obs: dict) -> dict:
@@ -71,21 +75,16 @@ def check_observation(obs: dict) -> dict:
 
 
 class PnpOpenPILink(OpenPILink):
-    """The OpenPI WebSocket link with franka_pnp's message (the server maps the keys through its embodiment)."""
+    """The OpenPI WebSocket link with franka_pnp's observation keys (the server maps them through its embodiment);
+    the rest of the message (prompt, session, continuity fields) and the transport are `OpenPILink`'s."""
 
-    def message(self, query: PnpQuery) -> dict:
-        msg = dict(query.observation)
-        msg.update(prompt=query.prompt, session_id=query.session_id, response_format="dict")
-        if self.echo_continuity and not query.first_call:
-            if query.expected_step is not None:
-                msg["expected_steps"] = [query.expected_step]
-            if query.expected_incarnation is not None:
-                msg["expected_incarnations"] = [query.expected_incarnation]
-        return msg
+    def openpi_observation(self, query: PnpQuery) -> dict:
+        return dict(query.observation)
 
 
 class PnpHttpLink(HttpLink):
-    """`POST /v1/actions/generations`, raw form, one row: views [1, 1, H, W, 3], state [1, 19]."""
+    """`POST /v1/actions/generations`, raw form, one row: views [1, T, H, W, 3], state [1, 19]; the request, its
+    timeouts and retries are `HttpLink`'s."""
 
     def raw_observation(self, query: PnpQuery) -> dict:
         obs = query.observation
@@ -95,20 +94,6 @@ class PnpHttpLink(HttpLink):
             RAW_KEYS[WIRE_WRIST]: frames(obs[WIRE_WRIST]),
             RAW_KEYS[WIRE_STATE]: obs[WIRE_STATE][None],
         }
-
-    def send(self, query: PnpQuery):
-        from dreamzero_client.policy import LinkReply
-
-        result = self.client.generate(
-            self.raw_observation(query),
-            query.prompt,
-            query.session_id,
-            form="raw",
-            expected_steps=[None if query.first_call else query.expected_step],
-            expected_incarnations=[None if query.first_call else query.expected_incarnation],
-        )
-        sessions = result.sessions or [None]
-        return LinkReply(result.actions[0], sessions[0], dict(result.timings or {}))
 
 
 class PnpPolicy(DroidPolicy):

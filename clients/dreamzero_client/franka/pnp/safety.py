@@ -15,6 +15,8 @@ Per step, relative to the last command (or the measured pose after a reset / hol
 when 3 or 4 fail the step is shortened (bisection along the straight-line / geodesic path) to the longest prefix
 that passes every check; when none does, the filter answers hold. The returned command is re-checked by
 `command_violations` before it is handed out, so nothing outside the limits ever leaves the filter.
+The joint-limit fields, the per-step limits, the widened limits and the bisection are `franka/limits.py`'s, shared
+with DROID's joint filter; what is Cartesian (box, rotation window, lead, IK) is here.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dreamzero_client.errors import ConfigError, DreamZeroError
+from dreamzero_client.franka.limits import JointLimitFields, longest_safe_fraction, per_step_limit, widened
 from dreamzero_client.franka.pnp.actions import ACTION_DIM, PnpActionSpace, action_to_target, preview_chunk
 from dreamzero_client.franka.pnp.arm_model import pose_error, solve_ik, tcp_pose
 from dreamzero_client.franka.pnp.cartesian import TcpState
@@ -55,7 +58,7 @@ class PnpChunkRejected(DreamZeroError, ValueError):
 
 
 @dataclass
-class PnpSafetyConfig:
+class PnpSafetyConfig(JointLimitFields):
     max_step_m: float = 0.03  # translation per control step (RLinf's full-scale action)
     max_step_rad: float = 0.1  # rotation per control step
     max_speed_m_s: float = 0.3
@@ -90,37 +93,19 @@ class PnpSafetyConfig:
             raise ConfigError(f"pnp_safety.max_abs_action must be >= 1 (the action range), got {self.max_abs_action}")
         if self.expected_rows is not None and self.expected_rows < 1:
             raise ConfigError(f"pnp_safety.expected_rows must be >= 1 or None, got {self.expected_rows}")
-        for name in ("joint_lower", "joint_upper", "max_joint_velocity"):
-            value = np.asarray(getattr(self, name), dtype=np.float64)
-            if value.shape != (7,) or not np.all(np.isfinite(value)):
-                raise ConfigError(f"pnp_safety.{name} must be 7 finite numbers, got {getattr(self, name)!r}")
-            setattr(self, name, value)
-        if not 0 <= self.joint_margin_rad < 0.5 or np.any(self.lower >= self.upper):
-            raise ConfigError(
-                f"pnp_safety.joint_margin_rad must be in [0, 0.5) and leave room, got {self.joint_margin_rad}"
-            )
-        if np.any(self.max_joint_velocity <= 0):
-            raise ConfigError("pnp_safety.max_joint_velocity must be positive on every joint")
+        self._check_joint_limits("pnp_safety")
 
     @property
     def step_m(self) -> float:
-        return min(self.max_step_m, self.max_speed_m_s / self.control_hz)
+        return float(per_step_limit(self.max_step_m, self.max_speed_m_s, self.control_hz))
 
     @property
     def step_rad(self) -> float:
-        return min(self.max_step_rad, self.max_speed_rad_s / self.control_hz)
+        return float(per_step_limit(self.max_step_rad, self.max_speed_rad_s, self.control_hz))
 
     @property
     def joint_step(self) -> np.ndarray:
         return self.max_joint_velocity / self.control_hz
-
-    @property
-    def lower(self) -> np.ndarray:
-        return self.joint_lower + self.joint_margin_rad
-
-    @property
-    def upper(self) -> np.ndarray:
-        return self.joint_upper - self.joint_margin_rad
 
 
 @dataclass(frozen=True)
@@ -252,16 +237,13 @@ class PnpSafetyFilter:
 
     def _clip_workspace(self, pose: np.ndarray, ref: np.ndarray, clamped: list[str]) -> np.ndarray:
         poses = self.poses
-        lo = np.minimum(poses.workspace_min, ref[:3, 3])
-        hi = np.maximum(poses.workspace_max, ref[:3, 3])
-        position = np.clip(pose[:3, 3], lo, hi)
+        position = np.clip(pose[:3, 3], *widened(poses.workspace_min, poses.workspace_max, ref[:3, 3]))
         if not np.allclose(position, pose[:3, 3], atol=0, rtol=0):
             clamped.append("workspace")
         euler = matrix_to_euler_xyz(pose[:3, :3])
         ref_offset = poses.euler_offset(matrix_to_euler_xyz(ref[:3, :3]))
         offset = poses.euler_offset(euler)
-        window_lo = np.minimum(poses.rotation_below, ref_offset)
-        clipped = np.clip(offset, window_lo, np.maximum(poses.rotation_above, ref_offset))
+        clipped = np.clip(offset, *widened(poses.rotation_below, poses.rotation_above, ref_offset))
         rot = pose[:3, :3]
         if not np.array_equal(clipped, offset):
             clamped.append("rotation_window")
@@ -299,17 +281,14 @@ class PnpSafetyFilter:
 
     def _longest_safe_prefix(self, goal: np.ndarray, ref: _Reference, measured: np.ndarray):
         """(fraction, q, pose) of the longest verified-safe part of the motion ref -> goal; fraction 0 means none."""
-        best = (0.0, None, ref.pose)
-        lo, hi = 0.0, 1.0
-        for _ in range(_BISECTIONS):
-            mid = 0.5 * (lo + hi)
-            pose = interpolate_pose(ref.pose, goal, mid)
+
+        def probe(fraction: float) -> tuple[np.ndarray, np.ndarray] | None:
+            pose = interpolate_pose(ref.pose, goal, fraction)
             q = self._reachable(pose, ref, measured)
-            if q is None:
-                hi = mid
-            else:
-                lo, best = mid, (mid, q, pose)
-        return best
+            return None if q is None else (q, pose)
+
+        fraction, found = longest_safe_fraction(probe, _BISECTIONS)
+        return (fraction, *found) if found is not None else (0.0, None, ref.pose)
 
 
 def command_violations(
@@ -324,12 +303,12 @@ def command_violations(
     """Every limit a command breaks (empty when it may be sent). Independent of how the command was built."""
     out = []
     p = pose[:3, 3]
-    lo, hi = np.minimum(poses.workspace_min, ref_pose[:3, 3]), np.maximum(poses.workspace_max, ref_pose[:3, 3])
+    lo, hi = widened(poses.workspace_min, poses.workspace_max, ref_pose[:3, 3])
     if np.any(p < lo - _TOL) or np.any(p > hi + _TOL):
         out.append("workspace")
     offset = poses.euler_offset(matrix_to_euler_xyz(pose[:3, :3]))
     ref_offset = poses.euler_offset(matrix_to_euler_xyz(ref_pose[:3, :3]))
-    w_lo, w_hi = np.minimum(poses.rotation_below, ref_offset), np.maximum(poses.rotation_above, ref_offset)
+    w_lo, w_hi = widened(poses.rotation_below, poses.rotation_above, ref_offset)
     if np.any(offset < w_lo - _TOL) or np.any(offset > w_hi + _TOL):
         out.append("rotation_window")
     if np.linalg.norm(p - ref_pose[:3, 3]) > cfg.step_m + _TOL:

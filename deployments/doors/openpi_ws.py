@@ -1,9 +1,9 @@
-"""The OpenPI WebSocket adapter of the ingress: handshake, frames -> raw-form requests through the graph -> replies.
+"""The OpenPI WebSocket door: handshake, frames -> raw-form requests through the graph runner -> reply frames.
 
-One `OpenPISocketServer` per ingress replica serves every connection. Sessions are per connection (their ids are
-namespaced by a connection id), camera frames are buffered per session, and the adapter remembers each session's
-last step and incarnation and sends them back with the next request, as an HTTP client does, so stale state left on
-a replica is never reused silently. Protocol: docs/wire-protocol.md, "OpenPI WebSocket".
+One `OpenPISocketServer` per ingress replica serves every connection (mounted on the HTTP door's app). Sessions are
+per connection (their ids are namespaced by a connection id), camera frames are buffered per session, and the door
+remembers each session's last step and incarnation and sends them back with the next request, as an HTTP client
+does, so stale state left on a replica is never reused silently. Protocol: docs/wire-protocol.md, "OpenPI WebSocket".
 """
 
 from __future__ import annotations
@@ -12,21 +12,21 @@ import asyncio
 import logging
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from deployments.auth import check_api_key
+from deployments.error_replies import ws_error_frame
+from deployments.graph_runner import GraphRunner
+from deployments.preprocess import openpi_key_map
+from deployments.routing import ws_session_id
+from deployments.settings import IngressSettings
 from dreamzero.errors import InvalidObservation, InvalidRequest, PayloadTooLarge, Unauthorized
 from dreamzero_client.wire import codec, generations, openpi
-from serve_graph.config import HttpArgs
-from serve_graph.errors_http import ws_error_frame
-from serve_graph.metrics import ServingMetrics
-from serve_graph.routing import ws_session_id
 
 log = logging.getLogger("dreamzero.serve.openpi")
 
@@ -116,21 +116,23 @@ def _echoed(client_value, socket_value):
 
 
 class OpenPISocketServer:
-    """Serves OpenPI connections; the graph, the handshake and session cleanup come from the ingress."""
+    """Serves OpenPI connections over the graph runner."""
 
-    def __init__(
-        self,
-        run_graph: Callable[[generations.GenerationRequest], Awaitable[Any]],
-        handshake: Callable[[], Awaitable[dict]],
-        drop_session: Callable[[str], Awaitable[None]],
-        key_map: Mapping[str, str],
-        limits: HttpArgs,
-        api_key: str | None,
-        metrics: ServingMetrics,
-    ):
-        self.run_graph, self.handshake, self.drop_session = run_graph, handshake, drop_session
-        self.key_map, self.limits, self.api_key, self.metrics = dict(key_map), limits, api_key, metrics
+    def __init__(self, runner: GraphRunner, settings: IngressSettings):
+        self.runner, self.limits, self.api_key = runner, settings.http, settings.api_key
+        self.metrics = runner.metrics
+        self.key_map: dict[str, str] = openpi_key_map(runner.embodiment)
         self.open_connections = 0
+
+    async def handshake(self) -> dict:
+        return (await self.runner.model_info()).openpi_handshake
+
+    async def drop_session(self, model_id: str) -> None:
+        """Free a connection's session on its replica; a failure is only logged (the store evicts it anyway)."""
+        try:
+            await self.runner.drop_sessions(model_id, [model_id])
+        except Exception as exc:  # noqa: BLE001 - the replica may be gone
+            log.warning("could not drop session %s: %s", model_id, type(exc).__name__)
 
     async def serve(self, ws: WebSocket) -> None:
         """One connection: auth at the handshake, the config frame, then one reply per message until it ends."""
@@ -195,7 +197,7 @@ class OpenPISocketServer:
             if req.endpoint == "reset":
                 session.restart()
                 return openpi.pack_frame(openpi.OPENPI_RESET_REPLY, flavour), session
-            reply = await self.run_graph(to_generation_request(req, session, self.key_map))
+            reply = await self.runner.run(to_generation_request(req, session, self.key_map))
             report = reply.sessions[0]
             session.last_step, session.last_incarnation, session.reset_next = report.step, report.incarnation, False
             extra = None

@@ -1,6 +1,6 @@
-"""The ZeroMQ front door: RLDX-1 / Isaac-GR00T `PolicyClient`s (a REQ socket, msgpack frames) talk to the graph as they
-are. One more ingress of the same graph: it drives the Preprocess -> Policy -> Postprocess handles the HTTP ingress
-uses, so sessions, batching, continuity reports and RTC behave exactly as over HTTP (docs/zmq.md).
+"""The ZeroMQ door: RLDX-1 / Isaac-GR00T `PolicyClient`s (a REQ socket, msgpack frames) talk to the graph as they are.
+Requests go through the same graph runner as HTTP's, so sessions, batching, continuity reports and RTC behave
+exactly as over HTTP (docs/zmq.md). The door is its own Serve deployment (`ZmqIngressDeployment`): it binds a port.
 
 Why a ROUTER socket where RLDX-1 binds REP: REP answers one request at a time, so robots would queue behind each
 other and never share a batch. ROUTER accepts the same REQ peers (each message arrives as [identity, b"", payload]),
@@ -14,25 +14,17 @@ lets a robot keep its sessions across reconnects. Session ids are namespaced by 
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import hmac
 import logging
 import time
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
-
-from deployments.calls import Transport, arrays_bytes, over_grpc
-from deployments.ingress import IngressDeployment
-from deployments.preprocess import load_embodiment
-from deployments.stages import RawStages
-from dreamzero.errors import CapacityError, InvalidRequest, PayloadTooLarge, Unauthorized
+from deployments.error_replies import classify
+from deployments.graph_runner import GraphRunner
+from deployments.settings import ZmqDoorSettings
+from dreamzero.errors import CapacityError, PayloadTooLarge, Unauthorized
 from dreamzero_client.wire import generations, rldx
-from serve_graph.config import AppArgs, parse_app_args
-from serve_graph.errors_http import classify
-from serve_graph.metrics import serving_metrics
-from serve_graph.routing import policy_generate
 
 log = logging.getLogger("dreamzero.serve.zmq")
 
@@ -55,54 +47,23 @@ def model_session_id(client: str, session_id: str) -> str:
     return f"{ZMQ_SESSION_PREFIX}-{client}:{session_id}"
 
 
-def _sticky(handle: Any, method: str, key: str, *args: Any) -> Any:
-    """`handle.<method>.remote(*args)` routed by session key, started in a fresh context (see routing.sticky_call)."""
-    bound = getattr(handle.options(session_id=key), method)
-    return contextvars.Context().run(bound.remote, *args)
-
-
-class _Calls:
-    """The downstream calls of one request, so a request past its deadline cancels what it started."""
-
-    def __init__(self) -> None:
-        self.pending: list[Any] = []
-
-    async def __call__(self, response: Any) -> Any:
-        self.pending.append(response)
-        return await response
-
-    def cancel(self) -> None:
-        for response in self.pending:
-            cancel = getattr(response, "cancel", None)
-            if cancel is not None:
-                cancel()
-
-
 class ZmqDoor:
     """Request handling of the ZMQ front door, without the socket (tests drive `handle` directly)."""
 
-    def __init__(self, cfg: AppArgs, preprocess: Any, policy: Any, postprocess: Any, metadata: dict | None = None):
-        if cfg.zmq is None:
-            raise InvalidRequest("the ZMQ door needs `zmq:` in the app args")
-        self.cfg, self.zcfg = cfg, cfg.zmq
-        self.preprocess, self.policy, self.postprocess = (over_grpc(h) for h in (preprocess, policy, postprocess))
-        self.embodiment = load_embodiment(cfg.embodiment, metadata)  # statistics read once by build_app
-        self.api_key = cfg.resolved_api_key
-        self.metrics = serving_metrics()
-        self.policy_transport = Transport(policy)
-        self.stages = RawStages(self.embodiment, Transport(preprocess), self.postprocess, cfg, self.metrics)
+    def __init__(self, runner: GraphRunner, settings: ZmqDoorSettings):
+        self.runner, self.zcfg, self.api_key = runner, settings.zmq, settings.api_key
+        self.embodiment = runner.embodiment
+        self.metrics = runner.metrics
         # client -> {client's session id: routing key of the request that used it}
         self.sessions: OrderedDict[str, dict[str, str]] = OrderedDict()
         self.in_flight = 0
         self.killed = asyncio.Event()
-        self._policy_info: dict | None = None
 
     # --- one message ----------------------------------------------------------------------------------------------
     async def handle(self, identity: bytes, payload: bytes) -> bytes:
         """The reply to one message; never raises and never takes longer than the deadline (plus encoding)."""
         t0 = time.perf_counter()
         endpoint, status = "unknown", 200
-        calls = _Calls()
         self.in_flight += 1
         try:
             if self.in_flight > self.zcfg.max_in_flight:
@@ -112,10 +73,10 @@ class ZmqDoor:
             request = rldx.parse_request(rldx.unpack(payload))
             self.check_token(request.api_token)
             endpoint = request.endpoint
-            reply = await asyncio.wait_for(self.dispatch(identity, request, calls), self.zcfg.request_timeout_s)
+            # the runner cancels the downstream calls it started when this deadline cancels it
+            reply = await asyncio.wait_for(self.dispatch(identity, request), self.zcfg.request_timeout_s)
             out = rldx.pack(reply)
         except asyncio.TimeoutError:
-            calls.cancel()
             status = 503
             message = f"deadline: no result within {self.zcfg.request_timeout_s:g} s (zmq.request_timeout_s); retry"
             out = rldx.pack({**rldx.error_reply(message), "code": "no_capacity", "status": status})
@@ -147,11 +108,11 @@ class ZmqDoor:
         if not hmac.compare_digest((token or "").encode(), self.api_key.encode()):
             raise Unauthorized("Unauthorized: missing or wrong api_token")
 
-    async def dispatch(self, identity: bytes, request: rldx.RldxRequest, calls: _Calls) -> Any:
+    async def dispatch(self, identity: bytes, request: rldx.RldxRequest) -> Any:
         if request.endpoint == "ping":
             return dict(rldx.PING_REPLY)
         if request.endpoint == "get_modality_config":
-            return await self.modality_config(calls)
+            return await self.modality_config()
         if request.endpoint == "kill":
             if not self.zcfg.allow_kill:
                 raise Unauthorized("the kill endpoint is disabled on this server (zmq.allow_kill: false)")
@@ -159,19 +120,17 @@ class ZmqDoor:
             return None
         client = client_namespace(identity)
         if request.endpoint == "reset":
-            return await self.reset(client, rldx.parse_reset(request.data), calls)
-        return await self.get_action(client, request.data, calls)
+            return await self.reset(client, rldx.parse_reset(request.data))
+        return await self.get_action(client, request.data)
 
     # --- endpoints --------------------------------------------------------------------------------------------------
-    async def get_action(self, client: str, data: dict, calls: _Calls) -> list:
-        t0 = time.perf_counter()
-        req = rldx.parse_get_action(data, LANGUAGE_KEY, max_batch=self.cfg.sessions.max_sessions)
+    async def get_action(self, client: str, data: dict) -> list:
+        req = rldx.parse_get_action(data, LANGUAGE_KEY, max_batch=self.runner.max_rows)
         opts = req.options
-        ids = [model_session_id(client, s) for s in opts.session_ids]
         gen = generations.GenerationRequest(
             prompts=req.prompts,
             observation=req.observation,
-            session_ids=ids,
+            session_ids=[model_session_id(client, s) for s in opts.session_ids],
             form="raw",
             reset_mask=opts.reset_mask,
             seeds=opts.seeds,
@@ -182,33 +141,21 @@ class ZmqDoor:
             action_prefix=opts.action_prefix,
         )
         self._remember(client, opts.session_ids, gen.route_key)
-        timings: dict[str, float] = {}
-        batch, ctx = await calls(self.stages.preprocess(gen))
-        t1 = time.perf_counter()
-        timings["preprocess"] = (t1 - t0) * 1000.0
-        policy = self.policy_transport.pick(arrays_bytes(batch))
-        out = await calls(policy_generate(policy, gen.route_key, batch))
-        t2 = time.perf_counter()
-        timings["policy"] = (t2 - t1) * 1000.0
-        actions = await calls(self.stages.postprocess(out.result.actions, ctx))
-        timings["postprocess"] = (time.perf_counter() - t2) * 1000.0
-        timings.update({f"model.{k}": float(v) for k, v in out.result.timings_ms.items()})
-        self.metrics.observe_stages(timings)
+        reply = await self.runner.run(gen, self.zcfg.request_timeout_s)
         reports = []
-        for own_id, report in zip(opts.session_ids, out.result.sessions):
+        for own_id, report in zip(opts.session_ids, reply.sessions):
             entry = report.to_dict()
             entry["session_id"] = own_id  # the client's own name, not the namespaced one
             reports.append(entry)
         info = {
             "sessions": reports,
-            "timings": timings,
-            "served_by": out.replica,
-            "batch_requests": out.batch_requests,
+            "timings": reply.timings_ms,
+            "served_by": reply.replica,
+            "batch_requests": reply.batch_requests,
         }
-        per_key = self.embodiment.split_actions(np.asarray(actions, dtype=np.float32))
-        return rldx.action_reply(per_key, info)
+        return rldx.action_reply(self.embodiment.split_actions(reply.actions), info)
 
-    async def reset(self, client: str, session_ids: list[str] | None, calls: _Calls) -> dict:
+    async def reset(self, client: str, session_ids: list[str] | None) -> dict:
         known = self.sessions.get(client, {})
         names = list(known) if session_ids is None else session_ids
         by_route: dict[str, list[str]] = {}
@@ -216,19 +163,17 @@ class ZmqDoor:
             model_id = model_session_id(client, name)
             by_route.setdefault(known.get(name, model_id), []).append(model_id)
         for route, model_ids in by_route.items():
-            await calls(_sticky(self.policy, "reset_sessions", route, model_ids))
+            await self.runner.reset_sessions(route, model_ids, self.zcfg.request_timeout_s)
         return {"cleared_sessions": names}
 
-    async def modality_config(self, calls: _Calls) -> dict:
-        if self._policy_info is None:
-            self._policy_info = await calls(self.policy.info.remote())
+    async def modality_config(self) -> dict:
+        info = await self.runner.model_info()
         emb = self.embodiment
-        horizon = int(self._policy_info["action_horizon"])
         short = lambda keys: [k.split(".", 1)[1] for k in keys]  # noqa: E731 - `video.cam` -> `cam`
         return {
             "video": rldx.ModalityConfig(list(VIDEO_DELTA_INDICES), short(emb.video_keys)),
             "state": rldx.ModalityConfig([0], short(emb.state_keys)),
-            "action": rldx.ModalityConfig(list(range(horizon)), short(emb.action_keys)),
+            "action": rldx.ModalityConfig(list(range(info.action_horizon)), short(emb.action_keys)),
             "language": rldx.ModalityConfig([0], [LANGUAGE_KEY]),
         }
 
@@ -293,8 +238,8 @@ class ZmqIngressDeployment:
     task of that loop and awaits the graph's handles like any request handler.
     """
 
-    async def __init__(self, preprocess: Any, policy: Any, postprocess: Any, args: dict, metadata: dict | None = None):
-        self.door = ZmqDoor(parse_app_args(args), preprocess, policy, postprocess, metadata)
+    async def __init__(self, preprocess: Any, policy: Any, postprocess: Any, settings: ZmqDoorSettings):
+        self.door = ZmqDoor(GraphRunner(preprocess, policy, postprocess, settings.graph), settings)
         self._sock = self.door.bind()
         self._task = asyncio.get_running_loop().create_task(self.door.serve(self._sock))
         log.info("ZMQ front door listening on tcp://%s:%d", self.door.zcfg.host, self.door.zcfg.port)
@@ -305,12 +250,3 @@ class ZmqIngressDeployment:
     def check_health(self) -> None:
         if self._task.done() and not self.door.killed.is_set():
             raise RuntimeError(f"the ZMQ receive loop stopped: {self._task.exception()!r}")
-
-
-class IngressWithZmqDoor(IngressDeployment):
-    """The HTTP ingress holding the ZMQ door's handle: Serve deploys only what the app's ingress reaches through its
-    constructor arguments, so this is how the door becomes part of the application."""
-
-    def __init__(self, *args: Any, zmq_door: Any = None, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.zmq_door = zmq_door

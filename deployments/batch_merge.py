@@ -1,0 +1,120 @@
+"""Merging concurrent requests into model calls, and splitting the results back (the Policy replica's batching).
+
+Requests are only merged when their arrays stack (same frame count, canvas size, prompt and action-codec kinds) and
+when they share no session (one in-flight step per session, in arrival order). Rows of one model call then share
+every forward, whatever their sessions' frame positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dreamzero.types import ChunkResult, ModelBatch
+
+
+@dataclass
+class _Group:
+    key: tuple
+    members: list[int] = field(default_factory=list)
+    sessions: set[str] = field(default_factory=set)
+
+
+def stack_key(batch: ModelBatch) -> tuple:
+    return (
+        batch.images.shape[1:],
+        batch.images.dtype.str,
+        batch.state.shape[1:],
+        batch.negative_prompts is None,
+        batch.embodiment_id is None,
+        batch.action_gain is None,  # robot-unit rows (raw form) and normalised rows never share a model call
+    )
+
+
+def plan_groups(batches: list[ModelBatch]) -> list[list[int]]:
+    """Split requests into mergeable groups, keeping each session's requests in arrival order.
+
+    A request joins the earliest group that stacks with it and comes after every group holding one of its sessions.
+    """
+    groups: list[_Group] = []
+    for i, batch in enumerate(batches):
+        key = stack_key(batch)
+        ids = set(batch.session_ids)
+        after = max((g_idx for g_idx, g in enumerate(groups) if g.sessions & ids), default=-1)
+        target = next((g for g in groups[after + 1 :] if g.key == key), None)
+        if target is None:
+            target = _Group(key)
+            groups.append(target)
+        target.members.append(i)
+        target.sessions |= ids
+    return [g.members for g in groups]
+
+
+def merge_batches(batches: list[ModelBatch], default_seed: int) -> ModelBatch:
+    """Concatenate stackable requests row-wise into one ModelBatch."""
+    if len(batches) == 1:
+        return batches[0]
+
+    def rows(name: str, fill: Any) -> list:
+        out: list = []
+        for b in batches:
+            value = getattr(b, name)
+            out.extend(value if value is not None else [fill] * len(b))
+        return out
+
+    def cat(name: str) -> np.ndarray:
+        arrays = [getattr(b, name) for b in batches]
+        return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)  # a lone request's canvas is not copied
+
+    first = batches[0]
+    return ModelBatch(
+        images=cat("images"),
+        state=cat("state"),
+        state_mask=cat("state_mask"),
+        prompts=[p for b in batches for p in b.prompts],
+        session_ids=[s for b in batches for s in b.session_ids],
+        negative_prompts=None if first.negative_prompts is None else rows("negative_prompts", None),
+        reset_mask=rows("reset_mask", False),
+        expected_steps=rows("expected_steps", None),
+        expected_incarnations=rows("expected_incarnations", None),
+        seeds=rows("seeds", default_seed),
+        embodiment_id=None if first.embodiment_id is None else rows("embodiment_id", 0),
+        rtc_prefix_len=_rows_or_none(batches, "rtc_prefix_len"),
+        rtc_exec_horizon=_rows_or_none(batches, "rtc_exec_horizon"),
+        action_prefix=_rows_or_none(batches, "action_prefix"),
+        action_gain=None if first.action_gain is None else cat("action_gain"),
+        action_bias=None if first.action_bias is None else cat("action_bias"),
+    )
+
+
+def _rows_or_none(batches: list[ModelBatch], name: str) -> list | None:
+    """A per-row field across merged requests: None when no request set it, else rows of the others are None."""
+    if all(getattr(b, name) is None for b in batches):
+        return None
+    out: list = []
+    for b in batches:
+        value = getattr(b, name)
+        out.extend(value if value is not None else [None] * len(b))
+    return out
+
+
+def split_result(result: ChunkResult, sizes: list[int]) -> list[ChunkResult]:
+    if len(sizes) == 1:
+        return [result]
+    parts, start = [], 0
+    for n in sizes:
+        stop = start + n
+        latents = None if result.video_latents is None else result.video_latents[start:stop]
+        parts.append(
+            ChunkResult(
+                actions=result.actions[start:stop],
+                sessions=result.sessions[start:stop],
+                video_latents=latents,
+                timings_ms=dict(result.timings_ms),
+                dit_steps=result.dit_steps,
+            )
+        )
+        start = stop
+    return parts

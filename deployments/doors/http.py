@@ -1,0 +1,183 @@
+"""The HTTP door: `POST /v1/actions/generations` and the info routes, as a FastAPI app over the graph runner.
+
+Route code only raises: every error reaches a client through `deployments.error_replies` (the one table), via the
+exception handlers installed here, in the request's codec. Routes: docs/wire-protocol.md. The OpenPI WebSocket door
+is mounted on the same app (Serve gives an application one ASGI ingress), at its path and at `/`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Header, Request, WebSocket
+from starlette.responses import JSONResponse, Response
+
+from deployments.auth import check_api_key
+from deployments.error_replies import HANDLED_EXCEPTIONS, classify, reply_response
+from deployments.graph_runner import GraphRunner
+from deployments.settings import IngressSettings
+from dreamzero.errors import DreamZeroError, PayloadTooLarge
+from dreamzero_client.wire import codec, generations, replies, routes
+
+#: liveness of the front door alone (openpi's check); /health also asks every deployment
+HEALTHZ_PATH = "/healthz"
+
+
+def error_flavour(request: Request) -> str:
+    """Error bodies follow the request's codec when it has a known one (msgpack clients decode msgpack)."""
+    try:
+        return codec.flavour_for_content_type(request.headers.get("content-type"))
+    except DreamZeroError:
+        return codec.JSON
+
+
+class HttpDoor:
+    """The generations route and the info routes, without the ASGI app (the graph tests drive `generate`)."""
+
+    def __init__(self, runner: GraphRunner, settings: IngressSettings):
+        self.runner, self.settings = runner, settings
+        self.metrics = runner.metrics
+
+    # 1. POST /v1/actions/generations ------------------------------------------------------------------------------
+    async def read_body(self, request: Request) -> bytes:
+        """The body, refused with 413 as soon as it passes the limit (before it is all in memory)."""
+        limit = self.settings.http.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge(f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def parse(self, body: bytes, content_type: str | None) -> generations.GenerationRequest:
+        """Decode and validate a body; raises the error that names the bad field."""
+        obj, flavour = codec.decode_body(body, content_type)
+        return generations.parse_generation_request(obj, flavour, max_batch=self.runner.max_rows)
+
+    async def answer(self, req: generations.GenerationRequest, t0: float) -> tuple[bytes, str]:
+        """Run a parsed request (decoding started at `t0`) -> (reply body in the request's codec, content type)."""
+        t_decode = (time.perf_counter() - t0) * 1000.0
+        reply = await self.runner.run(req)
+        timings = {"decode": t_decode, **reply.timings_ms}
+        timings["ingress_total"] = (time.perf_counter() - t0) * 1000.0
+        self.metrics.observe_stages({k: timings[k] for k in ("decode", "ingress_total")})  # the graph's: the runner
+        resp = replies.build_response(req, reply.actions, reply.sessions, timings)
+        resp["served_by"] = reply.replica
+        resp["batch_requests"] = reply.batch_requests
+        return codec.encode_body(resp, req.flavour)
+
+    async def generate(self, body: bytes, content_type: str | None) -> tuple[bytes, str]:
+        """`parse` + `answer` in one call."""
+        t0 = time.perf_counter()
+        return await self.answer(self.parse(body, content_type), t0)
+
+    def count_request(self, status: int, form: str) -> None:
+        self.metrics.requests.inc(1, tags={"route": routes.GENERATIONS_PATH, "status": str(status), "form": form})
+
+    # 2. Health, metadata, models ----------------------------------------------------------------------------------
+    async def health(self) -> dict:
+        """Ready when one replica of every deployment answers; raises NotReady otherwise."""
+        return {"status": "ok", "deployments": await self.runner.health()}
+
+    async def metadata(self) -> dict:
+        info = await self.runner.model_info()
+        return {
+            "object": "action.metadata",
+            "policy_family": "dreamzero",
+            "model": self.settings.model_name,
+            "config": info.config_name,
+            "embodiment": self.settings.graph.embodiment.tag,
+            "action_horizon": info.action_horizon,
+            "action_dim": info.action_dim,
+            "padded_action_dim": info.padded_action_dim,
+            "max_state_dim": info.max_state_dim,
+            "forms": list(generations.FORMS),
+            "defaults": {
+                "seed": info.default_seed,
+                "response_format": "envelope",
+                "output_format": "numpy",
+                "num_inference_steps": info.num_inference_steps,
+            },
+            "openpi": info.openpi_handshake,
+        }
+
+    async def models(self) -> dict:
+        info = await self.runner.model_info()
+        entry = {
+            "id": self.settings.model_name,
+            "object": "model",
+            "owned_by": "dreamzero",
+            "config": info.config_name,
+            "embodiment": self.settings.graph.embodiment.tag,
+            "action_horizon": info.action_horizon,
+        }
+        return {"object": "list", "data": [entry]}
+
+
+def build_fastapi_app(door: HttpDoor, websocket: Any = None) -> FastAPI:
+    """The ASGI app: the HTTP door's routes, and `websocket.serve(ws)` (the OpenPI door) on its paths when given."""
+    app = FastAPI(title="DreamZero policy server", docs_url=None, redoc_url=None, openapi_url=None)
+    retry_after = door.settings.http.retry_after_s
+
+    async def require_api_key(authorization: str | None = Header(None)) -> None:
+        check_api_key(door.settings.api_key, authorization)
+
+    async def error_reply(request: Request, exc: Exception) -> Response:
+        reply = classify(exc, retry_after)
+        if request.url.path == routes.GENERATIONS_PATH:
+            door.count_request(reply.status, getattr(request.state, "form", "unknown"))
+        return reply_response(reply, error_flavour(request))
+
+    # Exception itself is answered by Starlette's outermost middleware, which re-raises after the reply so that
+    # the server logs it: only a bug of the front door gets there; everything the table names is handled inside.
+    for exc_class in (*HANDLED_EXCEPTIONS, Exception):
+        app.add_exception_handler(exc_class, error_reply)
+
+    protected = APIRouter(dependencies=[Depends(require_api_key)])
+
+    @protected.post(routes.GENERATIONS_PATH)
+    async def generations_route(request: Request) -> Response:
+        content_type = request.headers.get("content-type")
+        codec.flavour_for_content_type(content_type)  # 415 before reading the body
+        body = await door.read_body(request)
+        t0 = time.perf_counter()
+        req = door.parse(body, content_type)
+        request.state.form = req.form  # the error handler counts the request under its form
+        payload, reply_type = await door.answer(req, t0)
+        door.count_request(200, req.form)
+        return Response(payload, headers={"content-type": reply_type})
+
+    @protected.get(routes.METADATA_PATH)
+    async def metadata() -> Response:
+        return JSONResponse(await door.metadata())
+
+    @protected.get(routes.MODELS_PATH)
+    async def models() -> Response:
+        return JSONResponse(await door.models())
+
+    app.include_router(protected)
+
+    @app.get(routes.HEALTH_PATH)
+    async def health() -> Response:
+        return JSONResponse(await door.health())
+
+    @app.get(HEALTHZ_PATH)
+    async def healthz() -> Response:
+        return JSONResponse({"status": "ok"})
+
+    if websocket is not None:
+
+        @app.websocket(routes.OPENPI_WS_PATH)
+        async def openpi_ws(ws: WebSocket) -> None:
+            await websocket.serve(ws)
+
+        @app.websocket("/")  # openpi-client connects to the server root
+        async def openpi_ws_root(ws: WebSocket) -> None:
+            await websocket.serve(ws)
+
+    return app

@@ -1,0 +1,154 @@
+"""The one request path behind every front door: a parsed request -> Preprocess -> Policy -> Postprocess -> reply data.
+
+HTTP, the OpenPI WebSocket and the ZeroMQ door each decode their wire into a `GenerationRequest`, call
+`GraphRunner.run` and encode the `GraphReply` in their own format; so the transport choice, the stage timings, the
+deadline, the cancellation of downstream calls and the session reports are the same whichever door a robot uses.
+Errors are raised as they are; each door maps them through the one table (`deployments.error_replies`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from deployments.calls import Transport, arrays_bytes, bounded, over_grpc
+from deployments.metrics import ServingMetrics, serving_metrics
+from deployments.model_info import ModelInfo
+from deployments.preprocess import load_embodiment, normalised_batch
+from deployments.routing import policy_generate, sticky_call
+from deployments.settings import GraphSettings
+from deployments.stages import RawStages
+from dreamzero.errors import NotReady
+from dreamzero.types import SessionReport
+from dreamzero_client.wire.generations import GenerationRequest
+
+log = logging.getLogger("dreamzero.serve.graph")
+
+#: bounds on the runner's own calls (a request's trip is bounded by `GraphSettings.request_timeout_s`)
+HEALTH_TIMEOUT_S, INFO_TIMEOUT_S, SESSION_CALL_TIMEOUT_S = 5.0, 30.0, 10.0
+
+
+@dataclass
+class GraphReply:
+    actions: np.ndarray  # [B, H, D]: normalised + padded (normalised form) or robot actions (raw form)
+    sessions: list[SessionReport]  # one per row, in request order
+    timings_ms: dict[str, float]
+    replica: str
+    batch_requests: int = 1  # requests merged into the model call that served this one
+
+
+class PendingCalls:
+    """The downstream calls of one request, so that a request past its deadline (or cancelled) cancels what it
+    started instead of leaving it to run on a replica."""
+
+    def __init__(self) -> None:
+        self._pending: list[Any] = []
+
+    async def __call__(self, response: Any) -> Any:
+        self._pending.append(response)
+        return await response
+
+    def cancel(self) -> None:
+        for response in self._pending:
+            cancel = getattr(response, "cancel", None)
+            if cancel is not None:
+                cancel()
+
+
+class GraphRunner:
+    """Runs requests through the graph's three deployments; one per front-door replica."""
+
+    def __init__(
+        self,
+        preprocess: Any,
+        policy: Any,
+        postprocess: Any,
+        settings: GraphSettings,
+        metrics: ServingMetrics | None = None,
+    ):
+        self.settings = settings
+        self.preprocess, self.policy, self.postprocess = (over_grpc(h) for h in (preprocess, policy, postprocess))
+        self.policy_transport = Transport(policy)  # generate calls pick their transport by the batch's size
+        self.embodiment = load_embodiment(settings.embodiment)
+        self.metrics = metrics or serving_metrics()
+        self.stages = RawStages(self.embodiment, Transport(preprocess), self.postprocess, settings, self.metrics)
+        self._info: ModelInfo | None = None
+
+    @property
+    def max_rows(self) -> int:
+        """Most session rows one request may carry (the doors' parsers refuse more, naming the field)."""
+        return self.settings.max_rows
+
+    # 1. One request -----------------------------------------------------------------------------------------------
+    async def run(self, req: GenerationRequest, timeout_s: float | None = None) -> GraphReply:
+        """The request's trip through the graph, within `timeout_s` (default `request_timeout_s`); past it the
+        downstream calls still running are cancelled and `asyncio.TimeoutError` is raised (503 in every door)."""
+        calls = PendingCalls()
+        try:
+            return await asyncio.wait_for(self._run(req, calls), timeout_s or self.settings.request_timeout_s)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            calls.cancel()
+            raise
+
+    async def _run(self, req: GenerationRequest, calls: PendingCalls) -> GraphReply:
+        timings: dict[str, float] = {}
+        t0 = time.perf_counter()
+        ctx = None
+        if req.form == "raw":
+            batch, ctx = await calls(self.stages.preprocess(req))
+            timings["preprocess"] = (time.perf_counter() - t0) * 1000.0
+        else:
+            batch = normalised_batch(req)
+        t1 = time.perf_counter()
+        policy = self.policy_transport.pick(arrays_bytes(batch))
+        out = await calls(policy_generate(policy, req.route_key, batch))
+        timings["policy"] = (time.perf_counter() - t1) * 1000.0
+        actions = out.result.actions
+        if req.form == "raw":
+            t2 = time.perf_counter()
+            actions = await calls(self.stages.postprocess(actions, ctx))
+            timings["postprocess"] = (time.perf_counter() - t2) * 1000.0
+        timings["graph"] = (time.perf_counter() - t0) * 1000.0
+        timings.update({f"model.{k}": float(v) for k, v in out.result.timings_ms.items()})
+        self.metrics.observe_stages(timings)
+        actions = np.asarray(actions, dtype=np.float32)
+        return GraphReply(actions, list(out.result.sessions), timings, out.replica, out.batch_requests)
+
+    # 2. Session control (routed by the key the sessions were sent under) ------------------------------------------
+    async def drop_sessions(self, route_key: str, session_ids: list[str], timeout_s: float | None = None) -> None:
+        """Free sessions on the replica holding them (a connection closed)."""
+        call = sticky_call(self.policy, "drop_sessions", route_key, list(session_ids))
+        await bounded(call, timeout_s or SESSION_CALL_TIMEOUT_S)
+
+    async def reset_sessions(self, route_key: str, session_ids: list[str], timeout_s: float | None = None) -> None:
+        """Restart sessions at their next call, flagged `reset_requested`."""
+        call = sticky_call(self.policy, "reset_sessions", route_key, list(session_ids))
+        await bounded(call, timeout_s or SESSION_CALL_TIMEOUT_S)
+
+    # 3. What the doors report ---------------------------------------------------------------------------------------
+    async def model_info(self) -> ModelInfo:
+        if self._info is None:
+            info = await bounded(self.policy.info.remote(), INFO_TIMEOUT_S)
+            self._info = ModelInfo.from_policy(info, self.embodiment)
+        return self._info
+
+    async def health(self) -> dict[str, bool]:
+        """{deployment: True} when one replica of each answers `ready`; raises NotReady naming the first that
+        does not."""
+        states = {}
+        stages = {"preprocess": self.preprocess, "policy": self.policy, "postprocess": self.postprocess}
+        for name, handle in stages.items():
+            try:
+                await bounded(handle.ready.remote(), HEALTH_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - any failure means "not ready yet"
+                raise NotReady(f"deployment {name} cannot serve yet ({type(exc).__name__})") from None
+            states[name] = True
+        return states
+
+    def close(self) -> None:
+        self.stages.close()

@@ -1,0 +1,43 @@
+"""What the front doors report about the served model: one `Policy.info` call, read once per door process.
+
+HTTP's `/v1/actions/metadata` and `/v1/models`, the OpenPI handshake and the ZeroMQ door's modality config all read
+it, so every door describes the model the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dreamzero.embodiments import Embodiment
+from dreamzero_client.wire import openpi
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    config_name: str  # the checkpoint's preset name ("droid_14b", "tiny", "replay", "custom")
+    action_horizon: int  # actions per chunk
+    action_dim: int  # robot action dims of the embodiment (8 for DROID)
+    padded_action_dim: int  # the model's padded action width (32)
+    max_state_dim: int
+    default_seed: int
+    num_inference_steps: int
+    openpi_handshake: dict[str, Any]  # the first frame of every OpenPI WebSocket connection
+
+    @classmethod
+    def from_policy(cls, info: dict[str, Any], embodiment: Embodiment) -> ModelInfo:
+        """`info`: `PolicyDeployment.info()`; the embodiment gives the robot's action width and the handshake keys."""
+        action_dim = int(getattr(embodiment, "action_dim", info["max_action_dim"]))
+        handshake = dict(embodiment.openpi_server_config())
+        handshake.setdefault("action_horizon", info["action_horizon"])
+        handshake.setdefault("action_dim", action_dim)
+        return cls(
+            config_name=info["config_name"],
+            action_horizon=int(info["action_horizon"]),
+            action_dim=action_dim,
+            padded_action_dim=int(info["max_action_dim"]),
+            max_state_dim=int(info["max_state_dim"]),
+            default_seed=int(info["default_seed"]),
+            num_inference_steps=int(info["num_inference_steps"]),
+            openpi_handshake=openpi.handshake_config(**handshake),
+        )

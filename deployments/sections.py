@@ -1,0 +1,243 @@
+"""The sections of the serving app's args (`serve_config.yaml`), each validated where it is declared.
+
+`serve_graph.config.AppArgs` composes them into the whole `args:` mapping; the per-deployment settings
+(`deployments.settings`) are made of them, so a deployment reads the same typed section the YAML was checked
+against. Every field carries a description: `docs/serving.md` is the readable reference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from dreamzero.errors import ConfigError
+from dreamzero.sizes import parse_bytes
+
+MIB = 1024 * 1024
+
+
+def existing_path(value: str | None, check, problem: str) -> str | None:
+    """None, or the user-expanded path when `check(path)` holds; else a message ending in how to fix it."""
+    if value is None:
+        return None
+    path = Path(value).expanduser()
+    if not check(path):
+        raise ValueError(f"{value!r} {problem} or set it to null")
+    return str(path)
+
+
+class Strict(BaseModel):
+    # A typo in the YAML must fail loudly rather than be ignored.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AutoscalingArgs(Strict):
+    """Ray Serve autoscaling of the policy deployment (replaces `num_replicas` when given)."""
+
+    min_replicas: int = Field(1, ge=0, description="Fewest policy replicas kept alive (0 lets it scale to zero).")
+    max_replicas: int = Field(1, ge=1, description="Most policy replicas (each holds the model and `num_gpus` GPUs).")
+    initial_replicas: int | None = Field(None, ge=0, description="Replicas started first; default `min_replicas`.")
+    target_ongoing_requests: float = Field(
+        2.0, gt=0, description="Ongoing requests per replica that autoscaling aims for (Ray's default is 2)."
+    )
+    upscale_delay_s: float = Field(30.0, ge=0, description="How long load must stay high before adding a replica.")
+    downscale_delay_s: float = Field(
+        600.0, ge=0, description="How long load must stay low before removing a replica (its sessions restart)."
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscalingArgs:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas}); raise max_replicas"
+            )
+        if self.initial_replicas is not None and not self.min_replicas <= self.initial_replicas <= self.max_replicas:
+            raise ValueError("initial_replicas must lie between min_replicas and max_replicas")
+        return self
+
+    def to_ray(self) -> dict[str, Any]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class CpuStageArgs(Strict):
+    """Replicas and resources of a CPU stage (ingress, preprocess, postprocess)."""
+
+    num_replicas: int = Field(1, ge=1, description="Replicas of this stage.")
+    num_cpus: float = Field(
+        0.0, ge=0, description="CPUs reserved per replica; 0 lets several replicas share a small machine."
+    )
+    max_ongoing_requests: int = Field(64, ge=1, description="Concurrent requests one replica accepts.")
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources per replica, e.g. {head: 0.01} to keep the stage on the node started "
+        "with `--resources '{\"head\": 1}'`.",
+    )
+
+
+class PreprocessArgs(CpuStageArgs):
+    """The Preprocess stage: its replicas, and where a raw request's transforms run."""
+
+    placement: Literal["auto", "ingress", "replicas"] = Field(
+        "auto",
+        description="Where a raw request's transforms run: `replicas` (always the Preprocess deployment, one hop "
+        "each way), `ingress` (in the front door's process, on its worker threads, no hop), or `auto`: in the front "
+        "door when the request's arrays hold at most `ingress_max_bytes`, else on the replicas (docs/serving.md).",
+    )
+    ingress_max_bytes: int | str = Field(
+        8 * MIB,
+        description="With placement auto: the largest request (bytes of its arrays, a count or a size like "
+        "'8MiB') whose transforms run in the front door; larger ones (720p cameras, many rows) go to the replicas.",
+    )
+    ingress_threads: int = Field(
+        2, ge=1, description="Worker threads of each front-door replica for transforms it runs itself."
+    )
+
+    @field_validator("ingress_max_bytes")
+    @classmethod
+    def _size(cls, v: int | str) -> int:
+        try:
+            n = parse_bytes(v, field="preprocess.ingress_max_bytes")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+        if not isinstance(n, int):
+            raise ValueError(f"{v!r}: give a size in bytes, e.g. 8MiB (use placement: replicas to never run here)")
+        return n
+
+
+class PostprocessArgs(CpuStageArgs):
+    """The Postprocess stage: its replicas, and where a raw request's actions are converted."""
+
+    placement: Literal["ingress", "replicas"] = Field(
+        "ingress",
+        description="Where robot actions are made from the model's chunk: `ingress` (in the front door's process; "
+        "microseconds of numpy on [B, H, 32]) or `replicas` (the Postprocess deployment, one hop each way).",
+    )
+
+
+class ReplayArgs(Strict):
+    """Serve a LeRobot episode's recorded actions instead of a model (debug the wire and the robot loop, no weights)."""
+
+    dataset: str = Field(..., description="LeRobot dataset directory (v2.1 or v3.0 layout).")
+    episode: int = Field(0, ge=0, description="Episode whose actions are replayed.")
+    stride: int | None = Field(
+        None, ge=1, description="Rows a session's cursor advances per call; default the action horizon."
+    )
+    action_columns: list[str] | None = Field(
+        None, description="Action columns (`name=column[start:end]`) when the embodiment's preset does not fit."
+    )
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset_exists(cls, v: str) -> str:
+        return existing_path(v, Path.is_dir, "is not a directory; point policy.replay.dataset at a LeRobot dataset")
+
+
+class PolicyArgs(Strict):
+    """Replicas, resources and routing of the policy deployment (the only model holder)."""
+
+    num_replicas: int = Field(1, ge=1, description="Fixed replica count; ignored when `autoscaling` is set.")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per replica: 1 on a GPU machine, 0 for the CPU default.")
+    num_cpus: float = Field(0.0, ge=0, description="CPUs reserved per replica.")
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="Most torch intra-op threads of a CPU replica's model call (one per `rows_per_thread` rows of "
+        "the call); null: Ray's default, num_cpus or 1.",
+    )
+    rows_per_thread: int = Field(
+        4, ge=1, description="Rows of a CPU model call per torch thread, up to `torch_threads` (small calls: 1 thread)."
+    )
+    autoscaling: AutoscalingArgs | None = Field(None, description="Autoscaling instead of a fixed replica count.")
+    max_ongoing_requests: int = Field(
+        16, ge=1, description="Requests one replica runs at once (dynamic batching draws from these)."
+    )
+    max_queued_requests: int = Field(
+        256,
+        ge=-1,
+        description="Requests queued per caller for a busy replica before 503 + Retry-After (-1: unbounded).",
+    )
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources per replica, e.g. {gpu_node: 0.01} to place the policy on the nodes "
+        "started with that resource.",
+    )
+    replay: ReplayArgs | None = Field(
+        None, description="Answer with a LeRobot episode's recorded actions instead of loading a model."
+    )
+
+
+class SessionArgs(Strict):
+    """The bounded per-replica session store."""
+
+    max_sessions: int = Field(
+        128, ge=1, description="Sessions one replica keeps; the least recently used idle one is evicted beyond it."
+    )
+    ttl_s: float = Field(900.0, gt=0, description="Idle seconds after which a session is evicted.")
+    max_bytes: int | str | None = Field(
+        "auto",
+        description="Bytes the sessions of one replica may reserve (each its peak footprint): a count, a size like "
+        "'40GiB', or auto: on GPU the free memory after loading and a warm-up of the largest batch, less that "
+        "batch's activations and a margin; on CPU no limit. A request that does not fit gets 503 (docs/model.md).",
+    )
+
+    @field_validator("max_bytes")
+    @classmethod
+    def _size(cls, v: int | str | None) -> int | str | None:
+        try:
+            return parse_bytes(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+
+
+class BatchingArgs(Strict):
+    """Dynamic batching of concurrent requests on one policy replica."""
+
+    enabled: bool = Field(True, description="Batch concurrent compatible requests into one forward pass.")
+    max_batch_size: int = Field(16, ge=1, description="Most requests merged into one batch.")
+    max_batch_rows: int | None = Field(
+        None,
+        ge=1,
+        description="Most session rows in one model call (a request with B sessions is B rows; classifier-free "
+        "guidance runs 2 model rows per session row); null: sessions.max_sessions. A larger request "
+        "gets 413. On GPU the warm-up runs a batch of this size.",
+    )
+    rows_per_request: int | None = Field(
+        None, ge=1, description="Most sessions (B) one request may carry; null: no limit beyond max_batch_rows."
+    )
+    batch_wait_timeout_s: float = Field(
+        0.005,
+        ge=0,
+        le=1.0,
+        description=(
+            "How long a free model waits for the previous batch's clients to come back, and a session's first "
+            "request for other starting sessions."
+        ),
+    )
+
+
+class HttpArgs(Strict):
+    """Limits of the HTTP and WebSocket front door."""
+
+    max_body_bytes: int = Field(64 * MIB, ge=1024, description="Largest request body; larger ones get 413.")
+    ws_max_message_bytes: int = Field(64 * MIB, ge=1024, description="Largest inbound WebSocket message.")
+    ws_idle_timeout_s: float = Field(30.0, gt=0, description="A WebSocket silent this long is closed (code 1000).")
+    request_timeout_s: float = Field(
+        300.0, gt=0, description="Bound on one request's trip through the graph; past it the client gets 503."
+    )
+    retry_after_s: float = Field(1.0, gt=0, description="`Retry-After` sent with 503 when no better hint exists.")
+
+
+class ZmqArgs(Strict):
+    """The ZeroMQ front door for RLDX-1 / Isaac-GR00T clients (docs/zmq.md); off unless `zmq:` is given."""
+
+    port: int = Field(5555, ge=1, le=65535, description="TCP port of the ROUTER socket (RLDX-1's default 5555).")
+    host: str = Field("0.0.0.0", min_length=1, description="Interface to bind (`0.0.0.0`: every interface).")
+    max_message_bytes: int = Field(64 * MIB, ge=1024, description="Largest request; larger ones are dropped by ZMQ.")
+    request_timeout_s: float = Field(
+        60.0, gt=0, description="Deadline of one request; past it the client gets an error reply (never silence)."
+    )
+    max_in_flight: int = Field(256, ge=1, description="Requests in flight at once; more get an error reply.")
+    allow_kill: bool = Field(False, description="Let the `kill` endpoint close the door (refused when false).")
+    num_cpus: float = Field(0.0, ge=0, description="CPUs reserved for the door's replica.")

@@ -1,0 +1,74 @@
+"""What a batch must hold (`validate_batch`, before any session is touched) and its frames as the model reads them
+(`model_frames`: uint8 canvas -> [-1, 1] at the model's input size)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from dreamzero import rtc
+from dreamzero.config import DiTConfig
+from dreamzero.errors import InvalidObservation
+from dreamzero.types import ModelBatch
+
+
+def validate_batch(batch: ModelBatch, dit_cfg: DiTConfig, action_horizon: int, max_action_dim: int) -> None:
+    """Raise InvalidObservation naming the field for a batch the model cannot run: ids, images, state, prompts,
+    per-row lists, seeds and the real-time chunking options."""
+    n = len(batch.session_ids)
+    if n == 0:
+        raise InvalidObservation("session_ids is empty: a batch needs at least one row", field="session_ids")
+    if any(not isinstance(s, str) or not s for s in batch.session_ids):
+        raise InvalidObservation("every session id must be a non-empty string", field="session_ids")
+    if len(set(batch.session_ids)) != n:
+        dup = sorted({s for s in batch.session_ids if batch.session_ids.count(s) > 1})
+        raise InvalidObservation(f"session ids must be unique within a batch; repeated: {dup}", field="session_ids")
+    img = batch.images
+    if not isinstance(img, np.ndarray) or img.ndim != 5 or img.shape[-1] != 3 or img.dtype != np.uint8:
+        got = f"{getattr(img, 'dtype', type(img).__name__)} {getattr(img, 'shape', '')}"
+        raise InvalidObservation(f"images must be uint8 [B, T, H, W, 3], got {got}", field="images")
+    if img.shape[0] != n:
+        raise InvalidObservation(f"images has {img.shape[0]} rows, session_ids has {n}", field="images")
+    block = 2 * dit_cfg.num_frame_per_block  # new frames per chunk (4 on DROID)
+    if img.shape[1] not in (1, block):
+        raise InvalidObservation(f"images must hold 1 or {block} frames per row, got {img.shape[1]}", field="images")
+    want = (n, 1, dit_cfg.max_state_dim)
+    if not isinstance(batch.state, np.ndarray) or tuple(batch.state.shape) != want:
+        raise InvalidObservation(
+            f"state must be float [B, 1, {want[2]}], got {getattr(batch.state, 'shape', None)}", field="state"
+        )
+    if not np.isfinite(batch.state).all():
+        raise InvalidObservation("state holds NaN or inf", field="state")
+    for name in ("prompts", "negative_prompts"):
+        value = getattr(batch, name)
+        if (value is not None or name == "prompts") and (
+            not isinstance(value, (list, tuple)) or any(not isinstance(p, str) for p in value)
+        ):
+            raise InvalidObservation(f"{name} must be a list of {n} strings", field=name)
+    for name in ("prompts", "negative_prompts", "reset_mask", "expected_steps", "expected_incarnations", "seeds"):
+        value = getattr(batch, name)
+        if value is not None and len(value) != n:
+            raise InvalidObservation(f"{name} has {len(value)} entries, the batch has {n} rows", field=name)
+    if batch.seeds is not None and any(not isinstance(s, (int, np.integer)) or s < 0 for s in batch.seeds):
+        raise InvalidObservation("seeds must be non-negative integers", field="seeds")
+    rtc.requests(batch, action_horizon, max_action_dim)  # real-time chunking options
+
+
+def model_frames(images: np.ndarray, device: torch.device, model_input_hw) -> torch.Tensor:
+    """uint8 [B, T, H, W, 3] -> [B, T, 3, H', W'] in [-1, 1] at the model's input size (bilinear resize)."""
+    images = np.ascontiguousarray(images)
+    with warnings.catch_warnings():
+        # read-only arrays (decoded wire bytes, Ray's object store) are only read: `.float()` below makes new
+        # memory before anything could write, so no copy is taken here
+        warnings.simplefilter("ignore", UserWarning)
+        x = torch.from_numpy(images)
+    x = x.to(device)
+    b, t, h, w, _ = x.shape
+    x = x.permute(0, 1, 4, 2, 3).reshape(b * t, 3, h, w).float() / 127.5 - 1.0
+    hw = model_input_hw
+    if hw is not None and tuple(hw) != (h, w):
+        x = F.interpolate(x, size=tuple(hw), mode="bilinear", align_corners=False)
+    return x.reshape(b, t, 3, x.shape[-2], x.shape[-1])
