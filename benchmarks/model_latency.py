@@ -11,6 +11,11 @@ restart chunk (anchor conditioning) is reported separately.
 
 `--compile none,dit` repeats every mode with the `pipeline.compile` override (where this tree's PipelineConfig has
 that knob; otherwise the compiled modes are skipped with a note). `--section` names the docs section written.
+
+All modes share one model (a second copy of the 14B's 46 GB would not fit beside the sessions), and a compiled
+pipeline compiles that model's DiT blocks in place. So each chunk runs inside `compiled_only(model, pipe.compiled)`:
+exactly what its own mode compiled runs compiled, every other compiled part eager (its compiled callable set aside,
+not rebuilt: switching back builds no graph). Each row's `compiled` column says what ran compiled in that mode.
 """
 
 from __future__ import annotations
@@ -29,14 +34,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dreamzero.config import PipelineConfig, preset
+from dreamzero.config import PipelineConfig, apply_overrides, preset
 from dreamzero.device import select_device
-from dreamzero.pipeline import DreamZeroPipeline, apply_overrides
+from dreamzero.pipeline import DreamZeroPipeline
+from dreamzero.pipeline.compile import compiled_only, compiled_parts
 from dreamzero.sessions import SessionStore
 from dreamzero.types import ModelBatch
 
 # canvas sent per preset (the model may resize it in-model, see PipelineConfig.model_input_hw)
 CANVAS = {"tiny": (32, 64), "droid_14b": (352, 640), "libero_5b": (256, 512)}
+CANVAS |= {"droid_14b_slice": CANVAS["droid_14b"], "libero_5b_slice": CANVAS["libero_5b"]}  # real shapes, 1 block
 MODES = {
     "16 steps": {"dit_step_mask": None, "dynamic_skip": False},
     "8-step mask (upstream)": {"dynamic_skip": False},
@@ -91,32 +98,48 @@ def build_modes(compile_values: list[str]) -> tuple[dict[str, dict], list[str]]:
     return modes, notes
 
 
+def build_pipelines(model, modes: dict[str, dict], max_sessions: int) -> dict[str, DreamZeroPipeline]:
+    """One pipeline per mode, all on `model`; a mode with `compile` set compiles the model's parts in place (run
+    each pipeline's chunks through `run_chunk`, which gives it exactly its own compilation)."""
+    return {
+        name: DreamZeroPipeline(model, apply_overrides(model.config.pipeline, mode), SessionStore(max_sessions))
+        for name, mode in modes.items()
+    }
+
+
+def run_chunk(pipe: DreamZeroPipeline, batch: ModelBatch):
+    """`pipe.generate(batch)` with exactly what `pipe` compiled running compiled; also returns what did."""
+    with compiled_only(pipe.model, pipe.compiled):
+        ran_compiled = compiled_parts(pipe.model)
+        return pipe.generate(batch), ran_compiled
+
+
 def measure_all(model, args, hw, modes: dict[str, dict] = MODES) -> dict[str, dict]:
     """Per mode: one restart chunk, `warmup` continuing chunks, then `repeats` timed continuing chunks.
 
     Modes take turns chunk by chunk, so a busy machine slows them alike and the ratios stay meaningful. Sessions
     restart when the attention window fills (every 4 chunks on DROID); restart chunks are not timed as steady state.
     """
-    pipes = {
-        name: DreamZeroPipeline(model, apply_overrides(model.config.pipeline, mode), SessionStore(args.batch + 1))
-        for name, mode in modes.items()
-    }
+    pipes = build_pipelines(model, modes, args.batch + 1)
     device = next(iter(pipes.values())).device
-    out = {name: {"totals": [], "denoise": [], "steps": [], "peak_mb": 0.0} for name in pipes}
+    out = {name: {"totals": [], "denoise": [], "steps": [], "peak_mb": 0.0, "compiled": set()} for name in pipes}
     calls = dict.fromkeys(pipes, 0)
 
     def run(name: str, frames: int):
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        res = pipes[name].generate(make_batch(args.batch, frames, hw, calls[name]))
+        res, ran_compiled = run_chunk(pipes[name], make_batch(args.batch, frames, hw, calls[name]))
         calls[name] += 1
         out[name]["peak_mb"] = max(out[name]["peak_mb"], peak_memory_mb(device))
+        out[name]["compiled"].add(", ".join(ran_compiled) or "none")
         return res
 
     # one throwaway restart + chunk first, so the first mode does not pay for lazy initialisation
-    warm = DreamZeroPipeline(model, model.config.pipeline, SessionStore(args.batch + 1))
-    warm.generate(make_batch(args.batch, 1, hw, 0))
-    warm.generate(make_batch(args.batch, 4, hw, 1))
+    warm = DreamZeroPipeline(
+        model, apply_overrides(model.config.pipeline, {"compile": "none"}), SessionStore(args.batch + 1)
+    )
+    run_chunk(warm, make_batch(args.batch, 1, hw, 0))
+    run_chunk(warm, make_batch(args.batch, 4, hw, 1))
     for name in pipes:
         out[name]["restart_ms"] = run(name, 1).timings_ms["total"]
     for round_ in range(args.warmup + args.repeats):
@@ -139,6 +162,7 @@ def measure_all(model, args, hw, modes: dict[str, dict] = MODES) -> dict[str, di
             "peak_mb": r["peak_mb"],
             "session_mb": pipes[name].stats()["bytes"] / 2**20 / args.batch,
             "session_peak_mb": session_peak / 2**20,
+            "compiled": " / ".join(sorted(r["compiled"])),
         }
         for name, r in out.items()
     }
@@ -154,13 +178,13 @@ def render(results: dict[str, dict], args, model, device_name: str, notes: list[
         f"median of {args.repeats} steady-state chunks after {args.warmup} warm-up; "
         f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
-        "| mode | DiT steps | chunk ms | denoise ms | chunk vs 16 steps | restart chunk ms | peak memory MiB | "
-        "session state MiB | session peak MiB (formula) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| mode | compiled | DiT steps | chunk ms | denoise ms | chunk vs 16 steps | restart chunk ms | "
+        "peak memory MiB | session state MiB | session peak MiB (formula) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         lines.append(
-            f"| {name} | {r['dit_steps']:.1f} | {r['chunk_ms']:.1f} | {r['denoise_ms']:.1f} | "
+            f"| {name} | {r['compiled']} | {r['dit_steps']:.1f} | {r['chunk_ms']:.1f} | {r['denoise_ms']:.1f} | "
             f"{r['chunk_ms'] / base:.2f}x | {r['restart_ms']:.1f} | {r['peak_mb']:.0f} | {r['session_mb']:.2f} | "
             f"{r['session_peak_mb']:.1f} |"
         )

@@ -359,12 +359,48 @@ def _small() -> DreamZeroConfig:
     )
 
 
+#: vocabulary of the slice presets' T5: the locally built tokenizer's pieces. The real 256384 x 4096 embedding alone
+#: would be 2.1 GB in bf16, and a lookup table's row width (4096) is all a slice needs to keep.
+SLICE_VOCAB = 384
+
+
+def _slice(real: DreamZeroConfig, name: str) -> DreamZeroConfig:
+    # A real preset cut to its fewest layers: every width, head count, FFN size, token count (frame_seqlen, frames
+    # per block, actions, state), encoder width and the whole VAE stay the real ones, so each layer holds the real
+    # checkpoint's tensor shapes and runs on the real canvas. Kept: 1 DiT block, 1 T5 block and 2 CLIP blocks (the
+    # DiT reads CLIP's penultimate hidden state: with one block none would run). The VAE has no layer count to cut
+    # and stays whole (Wan 2.1: 127 M values; Wan 2.2: 705 M). Only the T5 vocabulary shrinks (SLICE_VOCAB).
+    assert real.image_encoder is not None
+    return dataclasses.replace(
+        real,
+        name=name,
+        dit=dataclasses.replace(real.dit, num_layers=1),
+        text_encoder=dataclasses.replace(real.text_encoder, num_layers=1, vocab_size=SLICE_VOCAB),
+        image_encoder=dataclasses.replace(real.image_encoder, num_hidden_layers=2),
+    )
+
+
+def _droid_14b_slice() -> DreamZeroConfig:
+    return _slice(_droid_14b(), "droid_14b_slice")
+
+
+def _libero_5b_slice() -> DreamZeroConfig:
+    return _slice(_libero_5b(), "libero_5b_slice")
+
+
 def apply_overrides(config: PipelineConfig, overrides: Mapping[str, Any] | None) -> PipelineConfig:
     """`config.with_overrides(overrides)` (kept for callers that hold a config and a dict)."""
     return config.with_overrides(overrides)
 
 
-PRESETS = {"droid_14b": _droid_14b, "libero_5b": _libero_5b, "tiny": _tiny, "small": _small}
+PRESETS = {
+    "droid_14b": _droid_14b,
+    "libero_5b": _libero_5b,
+    "tiny": _tiny,
+    "small": _small,
+    "droid_14b_slice": _droid_14b_slice,  # CPU rehearsals of the real shapes (docs/model.md, "Slice presets")
+    "libero_5b_slice": _libero_5b_slice,
+}
 
 
 def preset(name: str) -> DreamZeroConfig:
