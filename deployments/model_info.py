@@ -23,6 +23,8 @@ class ModelInfo:
     default_seed: int
     num_inference_steps: int
     openpi_handshake: dict[str, Any]  # the first frame of every OpenPI WebSocket connection
+    max_batch_rows: int | None = None  # session rows per model call the replica settled on (`auto` or as set)
+    memory: dict[str, Any] | None = None  # the replica's rows, session byte budget and device (budget.ServingMemory)
 
     @classmethod
     def from_policy(cls, info: dict[str, Any], embodiment: Embodiment) -> ModelInfo:
@@ -40,4 +42,6 @@ class ModelInfo:
             default_seed=int(info["default_seed"]),
             num_inference_steps=int(info["num_inference_steps"]),
             openpi_handshake=openpi.handshake_config(**handshake),
+            max_batch_rows=info.get("max_batch_rows"),
+            memory=info.get("memory"),
         )

@@ -98,6 +98,15 @@ def load_replay(replay: ReplayArgs, embodiment: EmbodimentSource, max_sessions: 
     )
 
 
+def rows_without_device(rows_spec: int | str | None, max_sessions: int) -> int:
+    """`batching.max_batch_rows` where no device memory bounds a batch (the replay policy)."""
+    from dreamzero.pipeline.budget import CPU_AUTO_ROWS
+
+    if rows_spec == "auto":
+        return min(CPU_AUTO_ROWS, max_sessions)
+    return int(rows_spec or max_sessions)
+
+
 def _replica_name() -> str | None:
     """This replica's id, or None outside a Serve replica (in-process use, local testing mode)."""
     try:
@@ -116,10 +125,11 @@ class PolicyDeployment:
         self._threads = (
             CpuThreads(s.torch_threads, s.rows_per_thread) if s.torch_threads and s.device == "cpu" else None
         )
-        self.max_batch_rows = batching.max_batch_rows or sessions.max_sessions  # a request never holds more sessions
         self.rows_per_request = batching.rows_per_request
+        self.memory: dict | None = None  # rows, byte budget and device settled at start (GET /v1/models)
         if s.replay is not None:  # recorded actions instead of a model (deployments/replay.py); no tensors to budget
             self.pipeline = load_replay(s.replay, s.embodiment, sessions.max_sessions)
+            self.max_batch_rows = rows_without_device(batching.max_batch_rows, sessions.max_sessions)
         else:
             self.pipeline = load_pipeline(
                 model_path=s.model_path,
@@ -132,7 +142,7 @@ class PolicyDeployment:
                 max_sessions=sessions.max_sessions,
                 session_ttl_s=sessions.ttl_s,
             )
-            self._set_session_budget(sessions.max_bytes, s.retry_after_s)
+            self._size_memory(batching.max_batch_rows, sessions.max_bytes, s.retry_after_s)
         replica = _replica_name()
         self.replica = replica or f"local-{uuid.uuid4().hex[:8]}"
         self.return_latents = s.return_latents
@@ -285,6 +295,8 @@ class PolicyDeployment:
             "default_seed": self._default_seed(),
             "num_inference_steps": int(loop_cfg.num_inference_steps),
             "batching": self._batching,
+            "max_batch_rows": int(self.max_batch_rows),
+            "memory": self.memory,
         }
 
     def ready(self) -> bool:
@@ -327,14 +339,22 @@ class PolicyDeployment:
             executor.shutdown(wait=False, cancel_futures=True)
 
     # --- helpers ----------------------------------------------------------------------------------------------
-    def _set_session_budget(self, spec: int | str | None, retry_after_s: float) -> None:
-        """`sessions.max_bytes` -> the store's budget (auto: measured after a warm-up of the largest batch on GPU)."""
-        from dreamzero.pipeline.budget import resolve_session_budget
+    def _size_memory(self, rows_spec: int | str | None, bytes_spec: int | str | None, retry_after_s: float) -> None:
+        """`batching.max_batch_rows` and `sessions.max_bytes` for this replica's device (auto: from a warm-up of the
+        largest batch, measured on a GPU, accounted on a simulated one; docs/model.md "Memory and admission")."""
+        from dreamzero.pipeline.budget import resolve_serving_memory
 
         store = self.pipeline.store
         store.retry_after_s = retry_after_s
-        store.max_bytes = resolve_session_budget(spec, self.pipeline, self.max_batch_rows, log.info)
-        log.info("session byte budget: %s", "none" if store.max_bytes is None else f"{store.max_bytes} bytes")
+        memory = resolve_serving_memory(self.pipeline, rows_spec, bytes_spec, store.max_sessions, log.info)
+        self.max_batch_rows, store.max_bytes, self.memory = memory.rows, memory.budget, memory.as_dict()
+        log.info(
+            "policy replica memory: %d rows per model call (batching.max_batch_rows=%s), session budget %s%s",
+            memory.rows,
+            rows_spec,
+            "none" if memory.budget is None else f"{memory.budget / 2**30:.2f} GiB",
+            "" if memory.device is None else f" on {memory.device}",
+        )
 
     def _check_rows(self, rows: int) -> None:
         for limit, name in (

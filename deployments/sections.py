@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
 
 from dreamzero.errors import ConfigError
 from dreamzero.sizes import parse_bytes
@@ -194,14 +194,21 @@ class SessionArgs(Strict):
 class BatchingArgs(Strict):
     """Dynamic batching of concurrent requests on one policy replica."""
 
+    @field_validator("max_batch_rows")
+    @classmethod
+    def _rows(cls, v: int | str | None) -> int | str | None:
+        if isinstance(v, int) and not isinstance(v, bool) and v < 1:
+            raise ValueError(f"{v} rows: give a number >= 1, auto or null")
+        return v
+
     enabled: bool = Field(True, description="Batch concurrent compatible requests into one forward pass.")
     max_batch_size: int = Field(16, ge=1, description="Most requests merged into one batch.")
-    max_batch_rows: int | None = Field(
-        None,
-        ge=1,
+    max_batch_rows: StrictInt | Literal["auto"] | None = Field(
+        "auto",
         description="Most session rows in one model call (a request with B sessions is B rows; classifier-free "
-        "guidance runs 2 model rows per session row); null: sessions.max_sessions. A larger request "
-        "gets 413. On GPU the warm-up runs a batch of this size.",
+        "guidance runs 2 model rows per session row). auto: on a GPU the largest batch of full-window sessions whose "
+        "warm-up and sessions fit the measured memory (capped by sessions.max_sessions), on CPU 32; a number; null: "
+        "sessions.max_sessions. A larger request gets 413. On a GPU the warm-up runs a batch of this size.",
     )
     rows_per_request: int | None = Field(
         None, ge=1, description="Most sessions (B) one request may carry; null: no limit beyond max_batch_rows."

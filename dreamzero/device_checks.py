@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from dreamzero.checkpoint.size import checkpoint_nbytes
-from dreamzero.device import parse_dtype
+from dreamzero.device import parse_dtype, simulated_gpu_bytes
 from dreamzero.errors import ConfigError
 
 
@@ -24,6 +24,11 @@ class DeviceFacts:
 
 
 def device_facts(index: int = 0) -> DeviceFacts:
+    simulated = simulated_gpu_bytes()
+    if simulated is not None:
+        return DeviceFacts(
+            cuda=True, bf16=True, total_bytes=simulated, name=f"simulated GPU of {simulated / 2**30:.3g} GiB"
+        )
     if not torch.cuda.is_available():
         return DeviceFacts(cuda=False)
     props = torch.cuda.get_device_properties(index)

@@ -152,6 +152,26 @@ def session_footprint(
     return SessionFootprint(tuple(by_chunk), tuple(parts))
 
 
+def footprint_for(
+    dit, pipeline, vae_cfg, image_encoder_cfg, canvas_hw: tuple[int, int], dtype, spatial: int | None = None
+) -> SessionFootprint:
+    """`session_footprint` from the configs alone (DiTConfig, PipelineConfig, VAEConfig or None for a stand-in VAE,
+    ImageEncoderConfig or None) at the model-input `canvas_hw` and the model's dtype (`spatial`: the VAE's pixels per
+    latent cell when a stand-in VAE says so): what a pipeline reports, and what `serve run` checks against the device
+    before any weights load."""
+    from dreamzero.model.vae import spatial_factor
+
+    vae_bytes = 0
+    if dit.has_image_input and dit.concat_first_frame_latent and vae_cfg is not None:
+        vae_bytes = vae_state_nbytes(vae_cfg, canvas_hw, dtype, dit.num_frame_per_block)
+    enc = image_encoder_cfg
+    clip_tokens = (enc.image_size // enc.patch_size) ** 2 + 1 if enc is not None else 257
+    element_size = torch.empty((), dtype=dtype).element_size()
+    if spatial is None:
+        spatial = spatial_factor(vae_cfg) if vae_cfg is not None else 8
+    return session_footprint(dit, pipeline, canvas_hw, element_size, vae_bytes, spatial, clip_tokens)
+
+
 class SessionStore:
     """LRU/TTL-bounded map session_id -> SessionState, with eviction memory and restart statistics.
 

@@ -11,8 +11,11 @@ everything it composes (the import rule: docs/architecture.md, "Import direction
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
+import torch
 from ray import serve
 from ray.serve import Application
 
@@ -30,10 +33,17 @@ from deployments.settings import (
     StageSettings,
     ZmqDoorSettings,
 )
-from dreamzero.device_checks import check_serving_device
+from dreamzero.checkpoint.size import model_nbytes
+from dreamzero.device import SIMULATED_GPU_ENV, parse_dtype
+from dreamzero.device_checks import check_serving_device, device_facts
+from dreamzero.model.vae import spatial_factor
+from dreamzero.pipeline.budget import canvas_for, check_fit
+from dreamzero.sessions import footprint_for
 from serve_graph.config import AppArgs, parse_app_args
-from serve_graph.model_source import ResolvedModel, resolve_model
+from serve_graph.model_source import ResolvedModel, model_config, resolve_model
 from serve_graph.session_router import session_router_config
+
+log = logging.getLogger("dreamzero.serve.builder")
 
 #: Ray Serve settings for every replica of the graph (the per-replica half of RAY_SERVE_THROUGHPUT_OPTIMIZED): user code
 #: runs on the replica's own event loop and handle calls route on the caller's loop, instead of hopping between threads
@@ -53,6 +63,15 @@ INGRESS, PREPROCESS, POLICY, POSTPROCESS = "Ingress", "Preprocess", "Policy", "P
 ZMQ_DOOR = "ZmqIngress"
 
 
+def replica_env() -> dict[str, str]:
+    """REPLICA_ENV, plus the simulated GPU of a rehearsal ($DREAMZERO_SIMULATED_GPU) when this process has one, so
+    every replica sees the same device as the checks that ran here."""
+    env = dict(REPLICA_ENV)
+    if os.environ.get(SIMULATED_GPU_ENV):
+        env[SIMULATED_GPU_ENV] = os.environ[SIMULATED_GPU_ENV]
+    return env
+
+
 def _cpu_options(name: str, stage: CpuStageArgs) -> dict[str, Any]:
     return {
         "name": name,
@@ -61,7 +80,7 @@ def _cpu_options(name: str, stage: CpuStageArgs) -> dict[str, Any]:
         "ray_actor_options": {
             "num_cpus": stage.num_cpus,
             "resources": dict(stage.resources),
-            "runtime_env": {"env_vars": dict(REPLICA_ENV)},
+            "runtime_env": {"env_vars": replica_env()},
         },
     }
 
@@ -77,7 +96,7 @@ def policy_options(cfg: AppArgs) -> dict[str, Any]:
             "num_cpus": p.num_cpus,
             "num_gpus": p.num_gpus,
             "resources": dict(p.resources),
-            "runtime_env": {"env_vars": dict(REPLICA_ENV)},
+            "runtime_env": {"env_vars": replica_env()},
         },
         "request_router_config": session_router_config(),  # sessions stay on the replica holding them
         # a replica busy with long 14B chunks must not be declared dead (the model runs off the event loop anyway)
@@ -142,13 +161,45 @@ def policy_settings(cfg: AppArgs, model: ResolvedModel) -> PolicySettings:
     )
 
 
+def _cluster_has_gpus() -> bool:
+    try:
+        import ray
+
+        return ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0
+    except Exception:  # noqa: BLE001 - no cluster to ask (local testing mode, a plain import)
+        return False
+
+
+def check_gpu_fit(cfg: AppArgs) -> None:
+    """A GPU configuration that cannot work fails here, before any replica loads, saying what to change: no CUDA, no
+    bf16, weights of any layout larger than the GPU, a batch of `batching.max_batch_rows` full-window sessions or
+    `sessions.max_bytes` that do not fit with them. Where this process sees no GPU but the cluster has some (the build
+    runs on KubeRay's GPU-less head), each replica's own memory sizing checks instead (dreamzero.pipeline.budget)."""
+    if cfg.policy.num_gpus <= 0 and not cfg.resolved_device.startswith("cuda"):
+        return
+    facts = device_facts()
+    if not facts.cuda and _cluster_has_gpus():
+        log.info("this process sees no GPU but the Ray cluster has some: the Policy replicas check their own fit")
+        return
+    check_serving_device(cfg.policy.num_gpus, cfg.resolved_device, cfg.dtype, facts=facts)
+    model_cfg = model_config(cfg)
+    if model_cfg is None:  # a replay loads no weights
+        return
+    dtype = parse_dtype(cfg.dtype) if cfg.dtype else torch.bfloat16
+    pipe = model_cfg.pipeline
+    canvas = canvas_for(model_cfg.dit, pipe, spatial_factor(model_cfg.vae))
+    footprint = footprint_for(model_cfg.dit, pipe, model_cfg.vae, model_cfg.image_encoder, canvas, dtype)
+    rows, field = cfg.batching.max_batch_rows, None
+    if rows is None:  # null: a batch as large as the session store
+        rows = cfg.sessions.max_sessions
+        field = f"batching.max_batch_rows=null (sessions.max_sessions={rows})"
+    check_fit(facts, model_nbytes(model_cfg, dtype), footprint, rows, cfg.sessions.max_bytes, field)
+
+
 def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
     """Validate `args` and bind the graph; raises ConfigError naming the bad field."""
     cfg = parse_app_args(args)
-    # no CUDA, no bf16, weights larger than the GPU: fail here. The weights-size check reads safetensors headers of
-    # the hf layout; other layouts are loaded unchecked.
-    sized = cfg.model_path if cfg.resolved_layout == "hf" else None
-    check_serving_device(cfg.policy.num_gpus, cfg.resolved_device, cfg.dtype, sized)
+    check_gpu_fit(cfg)
     # Read once here, at start (a bad file fails now, not on the first request); the CPU stages get data, not paths.
     model = resolve_model(cfg)
     stage = StageSettings(embodiment=embodiment_source(model))

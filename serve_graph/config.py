@@ -55,7 +55,12 @@ class AppArgs(Strict):
         "<model_path>/tokenizer/, else $DREAMZERO_TOKENIZER_PATH (docs/model.md 3.3).",
     )
     model_name: str = Field("dreamzero", min_length=1, description="Name reported by /v1/models and echoed back.")
-    embodiment: str = Field("oxe_droid", min_length=1, description="Embodiment tag used for the raw form and WS.")
+    embodiment: str | None = Field(
+        None,
+        min_length=1,
+        description="Embodiment tag of the raw form, the WebSocket and the ZeroMQ door (oxe_droid, libero_sim, "
+        "franka_pnp); null: the checkpoint's own (its config's embodiment_tag; oxe_droid for the embedded models).",
+    )
     metadata_path: str | None = Field(
         None,
         description="metadata.json with normalisation statistics; default: the checkpoint's "

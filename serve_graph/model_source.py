@@ -18,6 +18,7 @@ wrong statistics give wrong robot actions without any other sign.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,6 +105,21 @@ def read_statistics(embodiment: str, model_path: str | None, metadata_path: str 
     return entry, str(source)
 
 
+def model_config(cfg):
+    """The DreamZeroConfig the Policy replicas will load for `cfg` (an AppArgs): the checkpoint's, its preset's, or
+    the embedded tiny model's; None for a replay (no model)."""
+    from dreamzero.config import apply_overrides, preset
+
+    if cfg.policy.replay is not None:
+        return None
+    found = (
+        preset("tiny")
+        if cfg.model_path is None
+        else _model_config(cfg.model_path, cfg.resolved_layout, cfg.checkpoint_config)
+    )
+    return dataclasses.replace(found, pipeline=apply_overrides(found.pipeline, dict(cfg.pipeline) or None))
+
+
 def _model_config(model_path: str, layout: str, preset_name: str | None):
     """The checkpoint's DreamZeroConfig (its config files, or the preset that replaces them)."""
     from dreamzero.config import preset
@@ -134,13 +150,36 @@ def resolve_tokenizer(model_path: str, layout: str, preset_name: str | None, tok
     return str(found)
 
 
+#: the embodiment of the embedded models and of a replay without a checkpoint
+DEFAULT_EMBODIMENT = "oxe_droid"
+
+
+def resolve_embodiment(cfg) -> str:
+    """`args.embodiment`, else the checkpoint's own `embodiment_tag` (so a LIBERO checkpoint serves libero_sim with
+    nothing else changed), else DEFAULT_EMBODIMENT."""
+    if cfg.embodiment is not None:
+        return cfg.embodiment
+    if cfg.model_path is None or cfg.policy.replay is not None:
+        return DEFAULT_EMBODIMENT
+    from dreamzero.errors import CheckpointError
+
+    try:
+        tag = _model_config(cfg.model_path, cfg.resolved_layout, cfg.checkpoint_config).embodiment_tag
+    except CheckpointError as exc:
+        raise ConfigError(
+            f"args.embodiment: cannot read the checkpoint's embodiment_tag ({exc}); set embodiment"
+        ) from exc
+    return tag or DEFAULT_EMBODIMENT
+
+
 def resolve_model(cfg) -> ResolvedModel:
     """Everything the stages need from `cfg` (an `AppArgs`, already validated), read once."""
-    metadata, source = read_statistics(cfg.embodiment, cfg.model_path, cfg.metadata_path)
+    embodiment = resolve_embodiment(cfg)
+    metadata, source = read_statistics(embodiment, cfg.model_path, cfg.metadata_path)
     if cfg.model_path is None:
-        return ResolvedModel(cfg.embodiment, metadata, source, None, None, None)
+        return ResolvedModel(embodiment, metadata, source, None, None, None)
     if cfg.policy.replay is not None:  # recorded actions: the weights (and their tokenizer) are never loaded
-        return ResolvedModel(cfg.embodiment, metadata, source, None, None, None)
+        return ResolvedModel(embodiment, metadata, source, None, None, None)
     layout = cfg.resolved_layout
     tokenizer = resolve_tokenizer(cfg.model_path, layout, cfg.checkpoint_config, cfg.tokenizer_path)
-    return ResolvedModel(cfg.embodiment, metadata, source, layout, cfg.checkpoint_config, tokenizer)
+    return ResolvedModel(embodiment, metadata, source, layout, cfg.checkpoint_config, tokenizer)

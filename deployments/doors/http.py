@@ -115,6 +115,10 @@ class HttpDoor:
             "config": info.config_name,
             "embodiment": self.settings.graph.embodiment.tag,
             "action_horizon": info.action_horizon,
+            # what one Policy replica settled at start (batching.max_batch_rows / sessions.max_bytes, auto or as set)
+            "max_batch_rows": info.max_batch_rows,
+            "session_budget_bytes": (info.memory or {}).get("budget_bytes"),
+            "device": (info.memory or {}).get("device"),
         }
         return {"object": "list", "data": [entry]}
 

@@ -10,8 +10,8 @@
 against the model the config describes (missing / unexpected / misshaped tensors are named) before reading tensor
 data, then streams tensor by tensor into a model built on the meta device. Writers exist for each layout
 (`save_model`, `save_full_weights`, `save_diffusers`). The tokenizer is never part of a release checkpoint: it comes
-from a local `google/umt5-xxl` copy (`dreamzero.model.tokenizer.resolve_tokenizer_path`). `checkpoint_nbytes` (`size`)
-sums a checkpoint's loaded bytes from its safetensors headers alone.
+from a local `google/umt5-xxl` copy (`dreamzero.model.tokenizer.resolve_tokenizer_path`). `model_nbytes` (`size`) sums
+the bytes a config's model holds once loaded (every layout), `checkpoint_nbytes` an HF checkpoint's from its headers.
 """
 
 from dreamzero.checkpoint.diffusers import MODEL_INDEX_FILE, read_diffusers_config, save_diffusers
@@ -29,7 +29,7 @@ from dreamzero.checkpoint.hf import (
     save_model,
 )
 from dreamzero.checkpoint.loader import LAYOUTS, detect_layout, load_model
-from dreamzero.checkpoint.size import checkpoint_nbytes
+from dreamzero.checkpoint.size import checkpoint_nbytes, model_nbytes
 from dreamzero.checkpoint.stream import check_layout
 from dreamzero.model.release import RELEASE_PREFIX, ReleaseTensor
 
@@ -47,6 +47,7 @@ __all__ = [
     "ReleaseTensor",
     "check_layout",
     "checkpoint_nbytes",
+    "model_nbytes",
     "detect_layout",
     "load_dit",
     "load_model",

@@ -1,4 +1,5 @@
-"""How many bytes a checkpoint's tensors take once loaded, read from the safetensors headers of the HF layout."""
+"""How many bytes a model takes once loaded: from a config (every layout: `model_nbytes`), or from the safetensors
+headers of an HF-layout checkpoint (`checkpoint_nbytes`)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,15 @@ def checkpoint_nbytes(model_path: str | os.PathLike, dtype: torch.dtype) -> int:
             )
             total += math.prod(shape) * size
     return total
+
+
+def model_nbytes(config, dtype: torch.dtype) -> int:
+    """Bytes the networks of `config` (a DreamZeroConfig) hold once loaded at `dtype`: floating tensors in `dtype`,
+    the others in their own type, shared tensors once. Built on the meta device: nothing is allocated or read, so
+    it is the same for the HF, full_weights and Diffusers layouts of one model."""
+    from dreamzero.model.dreamzero import DreamZeroModel
+
+    model = DreamZeroModel.from_config(config, device="meta")
+    element = torch.empty((), dtype=dtype).element_size()
+    tensors = list(model.parameters()) + list(model.buffers())  # both iterators skip tensors already seen
+    return sum(t.numel() * (element if t.is_floating_point() else t.element_size()) for t in tensors)

@@ -70,6 +70,11 @@ _RESNET = {"norm1": "residual.0", "conv1": "residual.2", "norm2": "residual.3", 
 _RESNET.update({"conv_shortcut": "shortcut"})
 
 
+def spatial_factor(cfg: VAEConfig) -> int:
+    """Pixels per latent cell along each side: 16 for Wan 2.2, 8 for Wan 2.1."""
+    return 16 if cfg.kind == "wan2.2" else 8
+
+
 def latent_stats(cfg: VAEConfig) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The standard Wan statistics for the VAE kind (z_dim must match them)."""
     mean, std = (WAN21_LATENT_MEAN, WAN21_LATENT_STD) if cfg.kind == "wan2.1" else (WAN22_LATENT_MEAN, WAN22_LATENT_STD)
@@ -213,7 +218,7 @@ class WanVAE(nn.Module):
 
     @property
     def spatial_factor(self) -> int:
-        return 16 if self.cfg.kind == "wan2.2" else 8
+        return spatial_factor(self.cfg)
 
     @property
     def temporal_factor(self) -> int:

@@ -25,7 +25,7 @@ from dreamzero.pipeline.noise import row_noise
 from dreamzero.pipeline.prompts import encode_prompts
 from dreamzero.pipeline.rows import Row, resolve_rows
 from dreamzero.pipeline.timer import StageTimer
-from dreamzero.sessions import BRANCHES, SessionFootprint, SessionStore, session_footprint, vae_state_nbytes
+from dreamzero.sessions import BRANCHES, SessionFootprint, SessionStore, footprint_for
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 
 log = logging.getLogger(__name__)
@@ -175,21 +175,12 @@ class DreamZeroPipeline:
         """A session's bytes chunk by chunk at this model-input size (cached per size)."""
         canvas_hw = tuple(int(v) for v in canvas_hw)
         if canvas_hw not in self._footprints:
-            vae_bytes = 0
-            if self.dit_cfg.has_image_input and self.dit_cfg.concat_first_frame_latent:
-                vae = self.model.vae
-                vae_bytes = vae_state_nbytes(vae, canvas_hw, self.dtype, self.dit_cfg.num_frame_per_block)
             enc = getattr(getattr(self.model, "config", None), "image_encoder", None)
-            clip_tokens = (enc.image_size // enc.patch_size) ** 2 + 1 if enc is not None else 257
-            self._footprints[canvas_hw] = session_footprint(
-                self.dit_cfg,
-                self.config,
-                canvas_hw,
-                torch.empty((), dtype=self.dtype).element_size(),
-                vae_bytes,
-                getattr(self.model.vae, "spatial_factor", 8),
-                clip_tokens,
-            )
+            vae = self.model.vae
+            self._footprints[canvas_hw] = footprint_for(
+                self.dit_cfg, self.config, getattr(vae, "cfg", None), enc, canvas_hw, self.dtype,
+                getattr(vae, "spatial_factor", 8),
+            )  # fmt: skip
         return self._footprints[canvas_hw]
 
     def admit(self, batch: ModelBatch, busy: Iterable[str] = ()) -> None:

@@ -116,3 +116,7 @@ def test_health_and_metadata(graph):
     meta = graph.metadata.remote().result(timeout_s=TIMEOUT_S)
     assert meta["action_horizon"] == 24 and meta["action_dim"] == 8 and meta["padded_action_dim"] == 32
     assert meta["openpi"]["image_resolution"] == [180, 320] and meta["openpi"]["needs_session_id"] is True
+    models = graph.models.remote().result(timeout_s=TIMEOUT_S)["data"][0]
+    # what the Policy replica settled at start: batching.max_batch_rows auto on a plain CPU is 32, capped by the
+    # graph's sessions.max_sessions (8); no byte budget without device memory to fit
+    assert (models["max_batch_rows"], models["session_budget_bytes"], models["device"]) == (8, None, None)

@@ -208,10 +208,11 @@ def test_request_larger_than_the_row_budget_gets_413(policy):
 def test_policy_budget_from_config(policy):
     store = policy.pipeline.store
     try:
-        policy._set_session_budget("64MiB", 3.0)
+        policy._size_memory(4, "64MiB", 3.0)
         assert store.max_bytes == 64 * 2**20 and store.retry_after_s == 3.0
-        policy._set_session_budget("auto", 3.0)  # on CPU, auto means no byte limit
-        assert store.max_bytes is None
+        policy._size_memory("auto", "auto", 3.0)  # on a plain CPU, auto means no byte limit and CPU_AUTO_ROWS rows
+        assert store.max_bytes is None and policy.max_batch_rows == 16  # min(CPU_AUTO_ROWS, sessions.max_sessions)
+        assert policy.info()["memory"] == {"rows": 16, "budget_bytes": None, "device": None, "total_bytes": None}
     finally:
         store.max_bytes = None
 
