@@ -21,6 +21,7 @@ not rebuilt: switching back builds no graph). Each row's `compiled` column says 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import resource
@@ -224,6 +225,7 @@ def main(argv=None) -> int:
     ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the table into this file")
     ap.add_argument("--compile", default="none", help="comma-separated pipeline.compile values, e.g. none,dit")
     ap.add_argument("--section", help="docs section title to write (default: Model latency)")
+    ap.add_argument("--json", help="also write the rows and the table to this JSON file (gpu-check reads it)")
     args = ap.parse_args(argv)
     modes, notes = build_modes([v.strip() for v in args.compile.split(",") if v.strip()])
     if "16 steps" not in modes:
@@ -241,6 +243,9 @@ def main(argv=None) -> int:
     results = measure_all(model, args, hw, modes)
     table = render(results, args, model, device_name, notes)
     print(table)
+    if args.json:
+        record = {"preset": args.model_path or args.preset, "device": device_name, "rows": results, "table": table}
+        Path(args.json).write_text(json.dumps(record, indent=1))
     if args.write_docs:
         path = Path(args.write_docs)
         if not path.is_absolute():

@@ -24,6 +24,11 @@ def _has_cuda() -> bool:
         return False
 
 
+def _has_gpu_or_simulated() -> bool:
+    """CUDA, or a CPU simulating a GPU for the rehearsal of the GPU tier ($DREAMZERO_SIMULATED_GPU, tests/gpu)."""
+    return _has_cuda() or bool(os.environ.get("DREAMZERO_SIMULATED_GPU", "").strip())
+
+
 def _has_module(name: str) -> bool:
     import importlib.util
 
@@ -32,7 +37,7 @@ def _has_module(name: str) -> bool:
 
 def pytest_collection_modifyitems(config, items):
     reasons = {
-        "gpu": None if _has_cuda() else "needs a CUDA GPU; none on this machine",
+        "gpu": None if _has_gpu_or_simulated() else "needs a CUDA GPU; none on this machine",
         "isaac": None if _has_module("isaaclab") else "needs Isaac Lab + Isaac Sim (NVIDIA RTX GPU); not installed",
         "hardware": None
         if os.environ.get("DREAMZERO_FRANKA_HOST")

@@ -4,6 +4,7 @@ a bound, SIGTERM at the end (a backgrounded `serve run` ignores SIGINT), and no 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -21,6 +22,9 @@ from tests.host_support import free_port, kill_leftovers
 
 ROOT = Path(__file__).resolve().parents[2]
 HEALTH_TIMEOUT_S = 300
+#: what `serve run` logs when `build_app` (or a replica's constructor) raised, e.g. a ConfigError
+DEPLOY_FAILED = "failed with exception"
+SIMULATED_GPU_ENV = "DREAMZERO_SIMULATED_GPU"  # dreamzero.device's name (neither it nor torch is imported at load)
 
 
 class ServeRun:
@@ -28,6 +32,12 @@ class ServeRun:
 
     `args` is merged into the first application's `args:`; `haproxy=True` puts HAProxy in front (Ray 2.60's
     RAY_SERVE_ENABLE_HA_PROXY) with private config and socket paths so parallel runs cannot collide.
+
+    `gpus=N` is for a config whose policy asks for GPUs (`policy.num_gpus`): on a machine without CUDA the local
+    cluster `serve run` starts advertises N GPUs (RAY_OVERRIDE_RESOURCES; Ray then sets CUDA_VISIBLE_DEVICES for the
+    replica, harmless on a CPU), which only makes sense on a CPU simulating a GPU: $DREAMZERO_SIMULATED_GPU, from
+    this process's environment or `env`, reaches `serve run` and its replicas (ValueError when neither has it). With
+    CUDA nothing is overridden: Ray finds the real GPUs.
     """
 
     def __init__(
@@ -37,6 +47,7 @@ class ServeRun:
         haproxy: bool = False,
         env: dict[str, str] | None = None,
         config: Path = ROOT / "serve_config.yaml",
+        gpus: int | None = None,
     ):
         self.workdir = Path(workdir)
         self.port = free_port()
@@ -49,6 +60,8 @@ class ServeRun:
         self.ray_tmp = tempfile.mkdtemp(prefix="rayE2E", dir="/tmp")  # short: Ray's socket paths have a length limit
         self.env = {**os.environ, "RAY_TMPDIR": self.ray_tmp, "RAY_AUTH_MODE": "disabled", **(env or {})}
         self.env.pop("RAY_ADDRESS", None)
+        if gpus:
+            self._advertise_gpus(gpus)
         if haproxy:
             self.env |= {
                 "RAY_SERVE_ENABLE_HA_PROXY": "1",
@@ -58,6 +71,18 @@ class ServeRun:
         self.log_path = self.workdir / "serve_run.log"
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
+
+    def _advertise_gpus(self, gpus: int) -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            return
+        if not self.env.get(SIMULATED_GPU_ENV, "").strip():
+            raise ValueError(
+                f"ServeRun(gpus={gpus}) on a machine without CUDA needs ${SIMULATED_GPU_ENV} (e.g. 141GiB) in the "
+                "environment or in env=: the policy's GPU would be a CPU that no check could size"
+            )
+        self.env["RAY_OVERRIDE_RESOURCES"] = json.dumps({"GPU": int(gpus)})
 
     def log_tail(self, n: int = 3000) -> str:
         return self.log_path.read_bytes()[-n:].decode("utf-8", "replace") if self.log_path.exists() else ""
@@ -85,6 +110,8 @@ class ServeRun:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"serve run exited with {self.proc.returncode}:\n{self.log_tail()}")
+                if DEPLOY_FAILED in self.log_tail(20000):  # Ray 2.60's `serve run` keeps running after a failed build
+                    raise RuntimeError(f"serve run could not deploy the app:\n{self.log_tail()}")
                 try:
                     if client.get(self.url + "/health").status_code == 200:
                         return

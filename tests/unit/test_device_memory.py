@@ -137,3 +137,16 @@ def test_serve_run_fails_before_any_replica_on_rows_that_cannot_fit(monkeypatch)
     monkeypatch.delenv(SIMULATED_GPU_ENV)
     with pytest.raises(ConfigError, match="CUDA is not available"):
         check_gpu_fit(parse_app_args(base))
+
+
+def test_a_build_on_a_node_without_gpus_leaves_the_fit_to_the_replicas(monkeypatch):
+    """KubeRay builds the app in a Serve task, usually on the GPU-less head: there the checks cannot see the GPU."""
+    import serve_graph.builder as builder
+    from serve_graph.config import parse_app_args
+
+    monkeypatch.delenv(SIMULATED_GPU_ENV, raising=False)
+    cfg = parse_app_args({"policy": {"num_gpus": 1}})
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        builder.check_gpu_fit(cfg)
+    monkeypatch.setattr(builder, "_cluster_has_gpus", lambda: True)
+    builder.check_gpu_fit(cfg)  # logged, not raised: each Policy replica sizes itself on its own GPU
