@@ -12,11 +12,11 @@ cross-attention context of any set of rows, the denoise included.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
-from dreamzero.config import DiTConfig
+from dreamzero.config import DiTConfig, PipelineConfig
 from dreamzero.errors import ConfigError, InvalidObservation
 from dreamzero.model.dit import CrossContext
 from dreamzero.model.vae import split_state, stack_states
@@ -26,13 +26,25 @@ from dreamzero.pipeline.rows import Row
 from dreamzero.pipeline.timer import StageTimer
 from dreamzero.sessions import SessionState
 
-if TYPE_CHECKING:
-    from dreamzero.pipeline.core import DreamZeroPipeline
+
+class Pipeline(Protocol):
+    """What these stages read of the pipeline that runs them (`core.DreamZeroPipeline`; a protocol, so this module
+    stays below the core that calls it)."""
+
+    model: Any
+    dit: Any
+    dit_cfg: DiTConfig
+    config: PipelineConfig
+    device: torch.device
+    dtype: torch.dtype
+    guided: bool
+    branches: tuple[str, ...]
+
 
 _MASK_CHANNELS = 4  # `y` = 4 first-frame mask channels + z latent channels (i2v)
 
 
-def vae_encode(pipe: DreamZeroPipeline, video: torch.Tensor) -> torch.Tensor:
+def vae_encode(pipe: Pipeline, video: torch.Tensor) -> torch.Tensor:
     """[G, 3, T, H, W] in [-1, 1] -> normalised latents [G, z, T', h, w] fp32; checks the token count."""
     return check_tokens(pipe.model.vae.encode(video.to(pipe.dtype)).float(), pipe.dit_cfg)
 
@@ -51,7 +63,7 @@ def check_tokens(lat: torch.Tensor, dit_cfg: DiTConfig) -> torch.Tensor:
     return lat
 
 
-def context_emb(pipe: DreamZeroPipeline, states: list[SessionState], clip: list[torch.Tensor | None]) -> CrossContext:
+def context_emb(pipe: Pipeline, states: list[SessionState], clip: list[torch.Tensor | None]) -> CrossContext:
     """Cross-attention context for the rows of one forward, session-major: [R, (257 +) 512, D]."""
     layout = cfg_row_layout(len(states), pipe.guided)
     text = torch.cat([states[s].text_cache[b] for s, b in layout])
@@ -61,7 +73,7 @@ def context_emb(pipe: DreamZeroPipeline, states: list[SessionState], clip: list[
     return pipe.dit.embed_context(text, img)
 
 
-def start_sessions(pipe: DreamZeroPipeline, rows: list[Row], anchors: torch.Tensor, timer: StageTimer) -> None:
+def start_sessions(pipe: Pipeline, rows: list[Row], anchors: torch.Tensor, timer: StageTimer) -> None:
     """Restarted rows: CLIP + first-frame conditioning, then prefill of the anchor latent at frame 0."""
     cfg = pipe.dit_cfg
     states = [r.state for r in rows]
@@ -119,7 +131,7 @@ def start_sessions(pipe: DreamZeroPipeline, rows: list[Row], anchors: torch.Tens
         s.current_start_frame = 1
 
 
-def extend_conditioning(pipe: DreamZeroPipeline, states: list[SessionState], timer: StageTimer) -> None:
+def extend_conditioning(pipe: Pipeline, states: list[SessionState], timer: StageTimer) -> None:
     """Encode the conditioning frames the next block needs (zero frames after each row's anchor) from each row's
     causal encoder state, rows needing as many frames in one batched call."""
     nfpb = pipe.dit_cfg.num_frame_per_block
@@ -143,7 +155,7 @@ def extend_conditioning(pipe: DreamZeroPipeline, states: list[SessionState], tim
                 s.vae_state = None if s.y.shape[2] >= window else st
 
 
-def prefill_observed(pipe: DreamZeroPipeline, rows: list[Row], frames: torch.Tensor, timer: StageTimer) -> None:
+def prefill_observed(pipe: Pipeline, rows: list[Row], frames: torch.Tensor, timer: StageTimer) -> None:
     """Continuing rows: VAE of [first frame, each new frame twice]; prefill the last block at each row's frame."""
     nfpb = pipe.dit_cfg.num_frame_per_block
     states = [r.state for r in rows]
