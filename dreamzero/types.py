@@ -51,6 +51,8 @@ class ModelBatch:
     # the key the caller routed this request by (`handle.options(session_id=key)`: explicit routing key, else the
     # first session id); the Policy replica reports the keys it holds so the session router keeps them there
     routing_key: str | None = None
+    # per row: decode this chunk's predicted video (`ChunkResult.video`); None = no row asks, nothing is decoded
+    return_video: list[bool] | None = None
 
     def __len__(self) -> int:
         return len(self.session_ids)
@@ -65,3 +67,6 @@ class ChunkResult:
     video_latents: np.ndarray | None = None  # float32 [B, z, 2, h, w] predicted latents (None unless requested)
     timings_ms: dict[str, float] = field(default_factory=dict)  # ms per stage: text, vae, prefill, denoise, ...
     dit_steps: int = 0  # DiT forward steps actually run (after static mask / dynamic skipping)
+    # per row uint8 [T, H, W, 3] at the model-input canvas (T = 4 * num_frame_per_block) when the row asked
+    # (`ModelBatch.return_video`), else None; None when no row asked
+    video: list[np.ndarray | None] | None = None

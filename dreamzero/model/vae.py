@@ -38,6 +38,7 @@ try:  # diffusers' private norm class: swapped for the faster one below when it 
 except ImportError:  # pragma: no cover - another diffusers layout: keep its own (slower, same numbers)
     _WanRMSNorm = None
 from diffusers.models.autoencoders.autoencoder_kl_wan import patchify as _patchify
+from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify as _unpatchify
 
 # Standard per-channel latent statistics of the Wan 2.1 VAE (z=16) and the Wan 2.2 VAE (z=48).
 WAN21_LATENT_MEAN = (
@@ -202,6 +203,28 @@ def split_state(state: list[torch.Tensor | None], rows: int) -> list[list[torch.
     return [[None if t is None else t[i : i + 1].clone() for t in state] for i in range(rows)]
 
 
+def decode_state_key(state: list | None) -> tuple:
+    """What rows must share to decode in one batch: the layout of their decoder states (None, "Rep" or a tensor
+    of some shape in each slot)."""
+    if state is None:
+        return ("fresh",)
+    return tuple(t if t is None or isinstance(t, str) else tuple(t.shape[1:]) for t in state)
+
+
+def stack_decode_states(states: list[list]) -> list:
+    """Decoder states of several rows (one `decode_state_key`) -> one state for a batched `decode_causal`."""
+    return [p[0] if p[0] is None or isinstance(p[0], str) else torch.cat(p) for p in zip(*states)]
+
+
+def split_decode_state(state: list, rows: int) -> list[list]:
+    """A batched decoder state -> one per row (copies, so a row's state does not pin the batch's)."""
+    return [[t if t is None or isinstance(t, str) else t[i : i + 1].clone() for t in state] for i in range(rows)]
+
+
+def decode_state_nbytes(state: list | None) -> int:
+    return sum(t.numel() * t.element_size() for t in state or () if isinstance(t, torch.Tensor))
+
+
 class WanVAE(nn.Module):
     """Video [B,3,T,H,W] in [-1,1] <-> normalised latents [B,z,T',h,w] (T' = 1 + (T-1)/4)."""
 
@@ -291,6 +314,41 @@ class WanVAE(nn.Module):
         mu = ae.quant_conv(torch.cat(outs, 2))[:, : self.cfg.z_dim]  # the posterior's mode: the mean half
         mean, inv_std = self._stats(mu)
         return (mu - mean) * inv_std, feat
+
+    @torch.no_grad()
+    def decode_causal(
+        self, latents: torch.Tensor, state: list | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor | str | None]]:
+        """Decode normalised latents [B,z,F,h,w] after the latent frames that left the decoder in `state` (None: a
+        fresh clip); returns video [B,3,T,H,W] in [-1,1] (T = 1 + 4(F-1) fresh, 4F continuing) and the decoder's
+        causal state after them.
+
+        The decoder is causal: diffusers' `decode` runs it one latent frame a pass with a cache of the last frames of
+        every convolution (a "Rep" marker where an upsampler has seen only the first frame), as this does, so a
+        video decoded chunk by chunk is the whole video's decode (to float rounding). Rows of one call must share a
+        state layout (`decode_state_key`).
+        """
+        ae = self.autoencoder
+        weight = ae.decoder.conv_in.weight
+        z = latents.to(weight.device, weight.dtype)
+        if z.device.type == "cpu":
+            z = z.contiguous(memory_format=torch.channels_last_3d)
+        mean, inv_std = self._stats(z)
+        x = ae.post_quant_conv(z / inv_std + mean)
+        if state is None:
+            ae.clear_cache()
+            feat = ae._feat_map
+            ae.clear_cache()  # the list above is ours now
+        else:
+            feat = list(state)
+        outs = []
+        for i in range(x.shape[2]):
+            first = state is None and i == 0
+            outs.append(ae.decoder(x[:, :, i : i + 1], feat_cache=feat, feat_idx=[0], first_chunk=first))
+        out = torch.cat(outs, 2)
+        if ae.config.patch_size is not None:
+            out = _unpatchify(out, patch_size=ae.config.patch_size)
+        return out.clamp(-1.0, 1.0), feat
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from dreamzero.pipeline.noise import row_noise
 from dreamzero.pipeline.prompts import encode_prompts
 from dreamzero.pipeline.rows import Row, resolve_rows
 from dreamzero.pipeline.timer import StageTimer
+from dreamzero.pipeline.video import predicted_frames, video_state_nbytes, wants_video
 from dreamzero.sessions import BRANCHES, SessionFootprint, SessionStore, footprint_for
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 
@@ -46,8 +47,13 @@ def _canvas_hw(model_cfg) -> tuple[int, int] | None:
 class DreamZeroPipeline:
     """A DreamZero model plus session store: `generate(ModelBatch) -> ChunkResult` for any mix of sessions."""
 
-    def __init__(self, model, config: PipelineConfig | None = None, store: SessionStore | None = None):
+    def __init__(
+        self, model, config: PipelineConfig | None = None, store: SessionStore | None = None, branch_group=None
+    ):
         self.model = model
+        # CFG-parallel (`cfg_parallel.BranchGroup`): this process runs one guidance branch's rows of every call, in
+        # lock-step with the rank running the other; None runs both branches here
+        self.branch_group = branch_group
         self.dit: CausalWanDiT = model.model
         self.dit_cfg: DiTConfig = self.dit.cfg
         model_cfg = getattr(model, "config", None)
@@ -73,6 +79,7 @@ class DreamZeroPipeline:
         self.compiled = compile_model(model, self.config.compile)
         self.warmup_ms: float | None = None
         self._footprints: dict[tuple[int, int], SessionFootprint] = {}
+        self._video_bytes: dict[tuple[int, int], int] = {}  # decoder state of a session asking for video, per canvas
 
     # -- construction ------------------------------------------------------------------------------------------------
 
@@ -179,7 +186,7 @@ class DreamZeroPipeline:
             vae = self.model.vae
             self._footprints[canvas_hw] = footprint_for(
                 self.dit_cfg, self.config, getattr(vae, "cfg", None), enc, canvas_hw, self.dtype,
-                getattr(vae, "spatial_factor", 8),
+                getattr(vae, "spatial_factor", 8), branches=len(self.branches),
             )  # fmt: skip
         return self._footprints[canvas_hw]
 
@@ -191,8 +198,26 @@ class DreamZeroPipeline:
 
     def _reserve(self, batch: ModelBatch, busy: Iterable[str] = ()) -> None:
         # no byte budget (the CPU default): only protect the ids; sessions then count what they hold
-        peak = 0 if self.store.max_bytes is None else self.footprint(self.canvas_hw(batch.images.shape[2:4])).peak
-        self.store.admit({sid: peak for sid in batch.session_ids}, busy)
+        if self.store.max_bytes is None:
+            self.store.admit({sid: 0 for sid in batch.session_ids}, busy)
+            return
+        canvas = self.canvas_hw(batch.images.shape[2:4])
+        peak, video = self.footprint(canvas).peak, 0
+        if wants_video(batch.return_video):
+            video = self.video_state_bytes(canvas)
+        asks = batch.return_video or [False] * len(batch)
+        self.store.admit({sid: peak + (video if a else 0) for sid, a in zip(batch.session_ids, asks)}, busy)
+
+    def video_state_bytes(self, canvas_hw: tuple[int, int]) -> int:
+        """Bytes a session asking for video holds on top of its footprint (its VAE decoder state), per canvas."""
+        canvas_hw = tuple(int(v) for v in canvas_hw)
+        vae_cfg = getattr(self.model.vae, "cfg", None)
+        if canvas_hw not in self._video_bytes:
+            nfpb = self.dit_cfg.num_frame_per_block
+            self._video_bytes[canvas_hw] = (
+                0 if vae_cfg is None else video_state_nbytes(vae_cfg, canvas_hw, self.dtype, nfpb)
+            )
+        return self._video_bytes[canvas_hw]
 
     # -- generate ------------------------------------------------------------------------------------------------------
 
@@ -212,7 +237,7 @@ class DreamZeroPipeline:
         with timer("inputs"):
             frames = model_frames(batch.images, self.device, self.config.model_input_hw)  # [B, T, 3, H, W] in [-1, 1]
         self._reserve(batch)  # before any session is touched; a no-op for sessions a server admitted already
-        rows = resolve_rows(batch, self.store, self.dit_cfg.max_attention_frames, self.config.default_seed)
+        rows = self._resolve_rows(batch)
         try:
             return self._generate(batch, rows, frames, timer, t_start, return_latents, noise)
         except Exception:
@@ -232,7 +257,7 @@ class DreamZeroPipeline:
                 self._prompt_rows,
                 self.config.prompt_cache_size,
                 self.model.text_encoder,
-                self.guided,
+                self.branches,
                 self.device,
                 self.dtype,
             )
@@ -258,6 +283,13 @@ class DreamZeroPipeline:
         actions[:, :, : act.shape[2]] = act
         for r in rows:
             r.state.prev_chunk = rtc.remember(batch, r.index, actions[r.index].numpy())
+        video = None
+        if wants_video(batch.return_video):  # after the denoise, at the chunk's end: only when a row asked
+            with timer("video"):
+                video = predicted_frames(self.model.vae, rows, res.video, batch.return_video)
+        else:
+            for r in rows:
+                r.state.video_state = None  # a gap in the session's video: asking again starts afresh
         latents = res.video.cpu()
         dit_steps = res.dit_steps
         for r in rows:
@@ -289,6 +321,7 @@ class DreamZeroPipeline:
             video_latents=latents.numpy().astype(np.float32) if return_latents else None,
             timings_ms=dict(timer.ms),
             dit_steps=dit_steps,
+            video=video,
         )
 
     # -- stages (the rest live in the sibling modules) ----------------------------------------------------------------
@@ -301,7 +334,22 @@ class DreamZeroPipeline:
     @property
     def branches(self) -> tuple[str, ...]:
         """The CFG branches of each session's caches: ("cond", "uncond") when guided, else ("cond",)."""
+        if self.branch_group is not None and self.guided:
+            return (self.branch_group.branch,)
         return BRANCHES if self.guided else BRANCHES[:1]
+
+    def _resolve_rows(self, batch: ModelBatch) -> list[Row]:
+        """Step 1; under CFG-parallel both ranks agree on it (rank 0 decides, `BranchGroup.agree_rows`)."""
+
+        def resolve(decided=None):
+            return resolve_rows(
+                batch, self.store, self.dit_cfg.max_attention_frames, self.config.default_seed, decided
+            )
+
+        if self.branch_group is None or not self.guided:
+            return resolve()
+        own = resolve() if self.branch_group.rank == 0 else None
+        return self.branch_group.agree_rows(own, batch, self.store, resolve)
 
     def _validate(self, batch: ModelBatch) -> None:
         validate_batch(batch, self.dit_cfg, self.action_horizon, self.max_action_dim)
@@ -340,4 +388,5 @@ class DreamZeroPipeline:
                 start_frame=starts,
                 y=y,
                 action_guide=guide,
+                branch_group=self.branch_group if self.guided else None,
             )

@@ -48,7 +48,8 @@ def validate_batch(batch: ModelBatch, dit_cfg: DiTConfig, action_horizon: int, m
             not isinstance(value, (list, tuple)) or any(not isinstance(p, str) for p in value)
         ):
             raise InvalidObservation(f"{name} must be a list of {n} strings", field=name)
-    for name in ("prompts", "negative_prompts", "reset_mask", "expected_steps", "expected_incarnations", "seeds"):
+    names = ("prompts", "negative_prompts", "reset_mask", "expected_steps", "expected_incarnations", "seeds")
+    for name in (*names, "return_video"):
         value = getattr(batch, name)
         if value is not None and len(value) != n:
             raise InvalidObservation(f"{name} has {len(value)} entries, the batch has {n} rows", field=name)
