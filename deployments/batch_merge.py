@@ -86,6 +86,7 @@ def merge_batches(batches: list[ModelBatch], default_seed: int) -> ModelBatch:
         action_prefix=_rows_or_none(batches, "action_prefix"),
         action_gain=None if first.action_gain is None else cat("action_gain"),
         action_bias=None if first.action_bias is None else cat("action_bias"),
+        return_video=None if all(b.return_video is None for b in batches) else rows("return_video", False),
     )
 
 
@@ -107,6 +108,7 @@ def split_result(result: ChunkResult, sizes: list[int]) -> list[ChunkResult]:
     for n in sizes:
         stop = start + n
         latents = None if result.video_latents is None else result.video_latents[start:stop]
+        video = None if result.video is None else result.video[start:stop]
         parts.append(
             ChunkResult(
                 actions=result.actions[start:stop],
@@ -114,6 +116,7 @@ def split_result(result: ChunkResult, sizes: list[int]) -> list[ChunkResult]:
                 video_latents=latents,
                 timings_ms=dict(result.timings_ms),
                 dit_steps=result.dit_steps,
+                video=None if video is None or all(v is None for v in video) else video,
             )
         )
         start = stop

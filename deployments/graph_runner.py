@@ -23,7 +23,7 @@ from deployments.preprocess import load_embodiment, normalised_batch
 from deployments.routing import policy_generate, sticky_call
 from deployments.settings import GraphSettings
 from deployments.stages import RawStages
-from dreamzero.errors import NotReady
+from dreamzero.errors import InvalidObservation, NotReady
 from dreamzero.types import SessionReport
 from dreamzero_client.wire.generations import GenerationRequest
 
@@ -40,6 +40,17 @@ class GraphReply:
     timings_ms: dict[str, float]
     replica: str
     batch_requests: int = 1  # requests merged into the model call that served this one
+    video: np.ndarray | None = None  # uint8 [B, T, H, W, 3] predicted frames (`return_video` requests only)
+
+
+def predicted_video(rows: list | None) -> np.ndarray:
+    """The policy's per-row frames -> uint8 [B, T, H, W, 3]; a policy without a video model (a replay) is refused."""
+    if rows is None or any(r is None for r in rows):
+        raise InvalidObservation(
+            "return_video: this server's policy predicts no video (a replay policy); send the request without it",
+            field="return_video",
+        )
+    return np.stack(rows)
 
 
 class PendingCalls:
@@ -104,6 +115,8 @@ class GraphRunner:
             timings["preprocess"] = (time.perf_counter() - t0) * 1000.0
         else:
             batch = normalised_batch(req)
+        if req.return_video:
+            batch.return_video = [True] * len(batch)
         t1 = time.perf_counter()
         policy = self.policy_transport.pick(arrays_bytes(batch))
         out = await calls(policy_generate(policy, req.route_key, batch))
@@ -117,7 +130,8 @@ class GraphRunner:
         timings.update({f"model.{k}": float(v) for k, v in out.result.timings_ms.items()})
         self.metrics.observe_stages(timings)
         actions = np.asarray(actions, dtype=np.float32)
-        return GraphReply(actions, list(out.result.sessions), timings, out.replica, out.batch_requests)
+        video = predicted_video(out.result.video) if req.return_video else None
+        return GraphReply(actions, list(out.result.sessions), timings, out.replica, out.batch_requests, video)
 
     # 2. Session control (routed by the key the sessions were sent under) ------------------------------------------
     async def drop_sessions(self, route_key: str, session_ids: list[str], timeout_s: float | None = None) -> None:

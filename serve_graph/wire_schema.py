@@ -103,6 +103,9 @@ class GenerationParameters(_Open):
 class GenerationRuntime(_Open):
     response_format: Literal[generations.RESPONSE_FORMATS] = "envelope"  # type: ignore[valid-type]
     output_format: Literal[generations.OUTPUT_FORMATS] = "numpy"  # type: ignore[valid-type]
+    return_video: bool = Field(
+        False, description="Also return each row's predicted video of this chunk (uint8 [B, T, H, W, 3])."
+    )
 
 
 class GenerationRequestBody(_Open):
@@ -150,11 +153,21 @@ class ActionBody(_Closed):
     values: ActionValues = Field(description="float32 [B, H, D]: the whole batch in one array.")
 
 
+class VideoBody(_Closed):
+    type: Literal["rgb"]
+    dtype: Literal["uint8"]
+    shape: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=5, max_length=5)]
+    values: list[list[list[list[list[int]]]]] = Field(
+        description="uint8 [B, T, H, W, 3]: the predicted frames at the model's canvas."
+    )
+
+
 class ActionItem(_Closed):
     index: int
     input_index: int
     candidate_index: int
     action: ActionBody
+    video: VideoBody | None = Field(None, description="Present when `runtime.return_video` was set.")
 
 
 class EnvelopeReply(_ReplyExtras):
@@ -180,6 +193,7 @@ class RawReply(_ReplyExtras):
     request_id: str
     actions: ActionValues = Field(description="float32 [B, H, D].")
     parameters: RawReplyParameters
+    video: VideoBody | None = Field(None, description="Present when `runtime.return_video` was set.")
 
 
 # --- errors --------------------------------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ class HttpDoor:
         timings = {"decode": t_decode, **reply.timings_ms}
         timings["ingress_total"] = (time.perf_counter() - t0) * 1000.0
         self.metrics.observe_stages({k: timings[k] for k in ("decode", "ingress_total")})  # the graph's: the runner
-        resp = replies.build_response(req, reply.actions, reply.sessions, timings)
+        resp = replies.build_response(req, reply.actions, reply.sessions, timings, video=reply.video)
         resp["served_by"] = reply.replica
         resp["batch_requests"] = reply.batch_requests
         return codec.encode_body(resp, req.flavour)

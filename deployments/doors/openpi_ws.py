@@ -108,6 +108,7 @@ def to_generation_request(
         rtc_prefix_len=None if req.rtc_prefix_len is None else [req.rtc_prefix_len],
         rtc_exec_horizon=None if req.rtc_exec_horizon is None else [req.rtc_exec_horizon],
         action_prefix=None if req.action_prefix is None else [req.action_prefix],
+        return_video=req.return_video,
     )
 
 
@@ -201,8 +202,11 @@ class OpenPISocketServer:
             report = reply.sessions[0]
             session.last_step, session.last_incarnation, session.reset_next = report.step, report.incarnation, False
             extra = None
-            if req.reply_as_dict:
+            as_dict = req.reply_as_dict or req.return_video  # the frames need the dict form
+            if as_dict:
                 extra = {"session": report.to_dict(), "timings": reply.timings_ms, "served_by": reply.replica}
-            return openpi.pack_frame(openpi.infer_reply(reply.actions[0], req.reply_as_dict, extra), flavour), session
+                if reply.video is not None:
+                    extra["video"] = reply.video[0]  # uint8 [T, H, W, 3]
+            return openpi.pack_frame(openpi.infer_reply(reply.actions[0], as_dict, extra), flavour), session
         except Exception as exc:  # noqa: BLE001 - reported to the client as an error frame
             return openpi.pack_frame(ws_error_frame(exc), flavour), session

@@ -139,6 +139,7 @@ class ZmqDoor:
             rtc_prefix_len=opts.rtc_prefix_len,
             rtc_exec_horizon=opts.rtc_exec_horizon,
             action_prefix=opts.action_prefix,
+            return_video=opts.return_video,
         )
         self._remember(client, opts.session_ids, gen.route_key)
         reply = await self.runner.run(gen, self.zcfg.request_timeout_s)
@@ -153,6 +154,8 @@ class ZmqDoor:
             "served_by": reply.replica,
             "batch_requests": reply.batch_requests,
         }
+        if reply.video is not None:
+            info["video"] = reply.video  # uint8 [B, T, H, W, 3], one row per session
         return rldx.action_reply(self.embodiment.split_actions(reply.actions), info)
 
     async def reset(self, client: str, session_ids: list[str] | None) -> dict:

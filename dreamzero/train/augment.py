@@ -60,13 +60,20 @@ def state_noise_plan(embodiment: Embodiment) -> StateNoisePlan:
 
 
 def perturb_states(
-    state: torch.Tensor, actions: torch.Tensor, plan: StateNoisePlan, sigma: float, generator: torch.Generator
+    state: torch.Tensor,
+    actions: torch.Tensor,
+    plan: StateNoisePlan,
+    sigma: float,
+    generator: torch.Generator | None,
+    unit_noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """New (state [B, K, 1, S], actions [B, K, A, D]) with noise of std `sigma` (raw units) per block and dim; both
-    stay in [-1, 1] as training targets always are."""
+    stay in [-1, 1] as training targets always are. `unit_noise` [B, K, D]: standard normal draws made beforehand (a
+    distributed step's rows of the global batch's); None draws them from `generator`."""
     b, k = state.shape[:2]
-    noise = torch.randn((b, k, len(plan.state_cols)), generator=generator, device=generator.device).to(state.device)
-    noise = noise * sigma
+    if unit_noise is None:
+        unit_noise = draw_state_noise(plan, generator, b, k)
+    noise = unit_noise.to(state.device) * sigma
     state, actions = state.clone(), actions.clone()
     s_cols, a_cols = torch.as_tensor(plan.state_cols), torch.as_tensor(plan.action_cols)
     s_scale = torch.as_tensor(plan.state_scale, dtype=state.dtype, device=state.device)
@@ -74,3 +81,8 @@ def perturb_states(
     state[:, :, 0, s_cols] = (state[:, :, 0, s_cols] + noise * s_scale).clamp(-1.0, 1.0)
     actions[:, :, :, a_cols] = (actions[:, :, :, a_cols] - (noise * a_scale)[:, :, None, :]).clamp(-1.0, 1.0)
     return state, actions
+
+
+def draw_state_noise(plan: StateNoisePlan, generator: torch.Generator, rows: int, blocks: int) -> torch.Tensor:
+    """Standard normal [rows, blocks, D] on the generator's device (the draw `perturb_states` makes)."""
+    return torch.randn((rows, blocks, len(plan.state_cols)), generator=generator, device=generator.device)

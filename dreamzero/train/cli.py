@@ -54,7 +54,19 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="end the run after this step; the learning-rate schedule still runs to --steps (resume to go on)",
     )
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch: clips per optimizer step")
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        default=1,
+        help="training workers on Ray Train (one per GPU with --device cuda, else CPU processes); 1: this process",
+    )
+    p.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=None,
+        help="clips per forward pass on a worker; batch-size = workers x this x accumulation (default: none)",
+    )
     p.add_argument("--blocks", type=int, default=d.blocks, help="action chunks per training clip")
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
@@ -83,7 +95,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="encode each distinct clip once and keep it in memory (pair with --start-stride)",
     )
-    p.add_argument("--cpu-threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument(
+        "--cpu-threads", type=int, default=None, help="torch CPU threads (of each worker; default: torch's choice)"
+    )
     p.add_argument("--no-resume", action="store_true", help="start fresh even if --out holds a checkpoint")
     return p
 
@@ -115,12 +129,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         dtype=args.dtype, log_every=args.log_every, save_every=args.save_every, max_episodes=args.max_episodes,
         action_loss_weight=args.action_loss_weight, start_stride=args.start_stride,
         cache_encodings=args.cache_encodings, stop_at=args.stop_at, action_bounds=args.action_bounds,
-        state_noise=args.state_noise,
+        state_noise=args.state_noise, micro_batch_size=args.micro_batch_size,
     )  # fmt: skip
-    trainer = Trainer(cfg, resume=not args.no_resume)
-    records = trainer.run()
-    last = records[-1] if records else {"step": trainer.step}
-    print(json.dumps({"step": trainer.step, "last": last, "out": str(trainer.out)}))
+    if args.num_workers > 1:
+        from dreamzero.train.distributed import run_distributed
+
+        records = run_distributed(cfg, args.num_workers, resume=not args.no_resume, threads_per_worker=args.cpu_threads)
+        step, out = (records[-1]["step"] if records else None), cfg.out
+    else:
+        trainer = Trainer(cfg, resume=not args.no_resume)
+        records = trainer.run()
+        step, out = trainer.step, str(trainer.out)
+    last = records[-1] if records else {"step": step}
+    print(json.dumps({"step": step, "last": last, "out": out}))
     return 0
 
 

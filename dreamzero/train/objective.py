@@ -57,6 +57,15 @@ class EncodedBatch:
 
         return EncodedBatch(**{f.name: join(f.name) for f in fields(EncodedBatch)})
 
+    def rows(self, index) -> EncodedBatch:
+        """The clips at `index` (a list of rows or a slice)."""
+
+        def take(name):
+            value = getattr(self, name)
+            return None if value is None else value[index]
+
+        return EncodedBatch(**{f.name: take(f.name) for f in fields(EncodedBatch)})
+
 
 def _frames(images: np.ndarray, hw, device, dtype) -> torch.Tensor:
     """uint8 [N, H, W, 3] -> [N, 3, H', W'] in [-1, 1] at the model's input size (the pipeline's resize)."""
@@ -105,6 +114,28 @@ def encode_clips(model, clips: list[Clip]) -> EncodedBatch:
 
 
 @dataclass
+class DrawnNoise:
+    """The random draws of one step: timestep indices [B, K], video noise (as block_latents), action noise (as actions).
+    Drawn for the global batch and sliced by row, a distributed step sees the noise a single process would."""
+
+    idx: torch.Tensor
+    video: torch.Tensor
+    action: torch.Tensor
+
+    def rows(self, index) -> DrawnNoise:
+        return DrawnNoise(self.idx[index], self.video[index], self.action[index])
+
+
+def draw_noise(schedule: TrainingSchedule, generator: torch.Generator, rows: int, batch: EncodedBatch) -> DrawnNoise:
+    """Draws for `rows` clips shaped like `batch`'s, in the order a plain step draws them (indices, video, action)."""
+    k = batch.block_latents.shape[1]
+    idx = schedule.sample_indices((rows, k), generator)
+    video = torch.randn((rows, *batch.block_latents.shape[1:]), generator=generator, device=generator.device)
+    action = torch.randn((rows, *batch.actions.shape[1:]), generator=generator, device=generator.device)
+    return DrawnNoise(idx, video, action)
+
+
+@dataclass
 class LossTerms:
     loss: torch.Tensor  # scalar with grad: video + action
     video: torch.Tensor  # scalar (detached)
@@ -118,20 +149,23 @@ def teacher_forced_loss(
     generator: torch.Generator,
     autocast_dtype=None,
     action_weight: float = 1.0,
+    noise: DrawnNoise | None = None,
 ) -> LossTerms:
     """Flow-matching loss of B clips, block by block over the KV cache (see the module docstring).
 
     `generator` draws the timesteps and the noise (on its own device, then moved): reseeding it replays the same
     noisy inputs, which is how a fixed batch is evaluated. `autocast_dtype` (e.g. torch.bfloat16) runs the DiT under
     torch.autocast on the batch's device type; losses are always computed in float32. `action_weight` scales the
-    action term of the total (the returned `action` term is unscaled).
+    action term of the total (the returned `action` term is unscaled). `noise`: draws made beforehand (`draw_noise`,
+    a distributed step's slice of the global batch's); None draws them here from `generator`.
     """
     b, k = batch.block_latents.shape[:2]
     nfpb = dit.cfg.num_frame_per_block
     device = batch.block_latents.device
-    idx = schedule.sample_indices((b, k), generator)  # [B, K]
-    video_noise = torch.randn(batch.block_latents.shape, generator=generator, device=generator.device).to(device)
-    action_noise = torch.randn(batch.actions.shape, generator=generator, device=generator.device).to(device)
+    if noise is None:
+        noise = draw_noise(schedule, generator, b, batch)
+    idx = noise.idx  # [B, K]
+    video_noise, action_noise = noise.video.to(device), noise.action.to(device)
     t_int = schedule.timesteps[idx.to(schedule.timesteps.device)].long().to(device)  # [B, K] as the DiT takes them
     weight = schedule.weights[idx.to(schedule.weights.device)].to(device)  # [B, K]
     enabled = autocast_dtype is not None

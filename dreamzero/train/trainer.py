@@ -10,6 +10,7 @@ The same code runs on CPU and GPU: `device` and `dtype` only choose where the te
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -22,9 +23,9 @@ import numpy as np
 import torch
 
 from dreamzero.errors import ConfigError
-from dreamzero.train.augment import perturb_states, state_noise_plan
+from dreamzero.train.augment import draw_state_noise, perturb_states, state_noise_plan
 from dreamzero.train.data import ClipSampler, load_episodes
-from dreamzero.train.objective import EncodedBatch, encode_clips, teacher_forced_loss
+from dreamzero.train.objective import DrawnNoise, EncodedBatch, draw_noise, encode_clips, teacher_forced_loss
 from dreamzero.train.schedule import TrainingSchedule
 
 log = logging.getLogger(__name__)
@@ -63,10 +64,22 @@ class TrainConfig:
     stop_at: int | None = None  # end this run at this step; the lr schedule still runs to `steps`
     action_bounds: str | None = None  # "q01_q99" / "min_max": set the metadata's action bounds (None: keep them)
     state_noise: float = 0.0  # std (raw units) of the noise on relative-action states, targets relabelled (augment.py)
+    # clips per forward pass on one worker; batch_size (the global batch) = workers x micro_batch_size x accumulation
+    micro_batch_size: int | None = None  # None: batch_size / workers (no accumulation)
 
     @property
     def last_step(self) -> int:
         return self.steps if self.stop_at is None else self.stop_at
+
+    def accumulation(self, workers: int) -> int:
+        """Forward passes per worker per optimizer step for the global batch on `workers` workers."""
+        micro = self.micro_batch_size or self.batch_size // workers
+        if micro < 1 or self.batch_size % (workers * micro):
+            raise ConfigError(
+                f"batch_size: the global batch ({self.batch_size}) must be a multiple of workers ({workers}) x "
+                f"micro_batch_size ({micro})"
+            )
+        return self.batch_size // (workers * micro)
 
     def validate(self) -> None:
         if self.dtype not in DTYPES:
@@ -156,6 +169,11 @@ class Trainer:
         self.schedule = TrainingSchedule(device=cfg.device)
         self.generator = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
         self.noise_plan = state_noise_plan(self.embodiment) if cfg.state_noise > 0 else None
+        self.world, self.rank = _world()
+        self.accum = cfg.accumulation(self.world)
+        self.loss_module = _wrap_data_parallel(
+            _LossModule(self.model.model, self.schedule, DTYPES[cfg.dtype], cfg.action_loss_weight), cfg.device
+        )
         params = [p for p in self.model.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
         self.step = 0
@@ -175,7 +193,14 @@ class Trainer:
 
     def next_batch(self) -> EncodedBatch:
         """A random batch, its clips encoded by the frozen encoders (once per clip with cache_encodings)."""
-        keys = self.sampler.sample_keys(self.cfg.batch_size)
+        batch = self._encode(self.sampler.sample_keys(self.cfg.batch_size))
+        if self.noise_plan is not None:
+            state, actions = perturb_states(batch.state, batch.actions, self.noise_plan, self.cfg.state_noise,
+                                            self.generator)  # fmt: skip
+            batch = dataclasses.replace(batch, state=state, actions=actions)
+        return batch
+
+    def _encode(self, keys: list[tuple[int, int]]) -> EncodedBatch:
         if not self.cfg.cache_encodings:
             batch = encode_clips(self.model, [self.sampler.clip(k) for k in keys])
         else:
@@ -183,37 +208,67 @@ class Trainer:
                 if k not in self.encoded:
                     self.encoded[k] = encode_clips(self.model, [self.sampler.clip(k)])
             batch = EncodedBatch.cat([self.encoded[k] for k in keys])
-        if self.noise_plan is not None:
-            state, actions = perturb_states(batch.state, batch.actions, self.noise_plan, self.cfg.state_noise,
-                                            self.generator)  # fmt: skip
-            batch = dataclasses.replace(batch, state=state, actions=actions)
         return batch
+
+    def micro_rows(self) -> list[list[int]]:
+        """Rows of the global batch this worker computes, one list per forward pass: pass m of worker r takes the
+        (m * workers + r)-th run of micro_batch_size rows, so any worker count covers the same global batch."""
+        micro = self.cfg.batch_size // (self.world * self.accum)
+        return [list(range((m * self.world + self.rank) * micro, (m * self.world + self.rank + 1) * micro))
+                for m in range(self.accum)]  # fmt: skip
 
     def _loss(self, batch: EncodedBatch, generator: torch.Generator):
         return teacher_forced_loss(
             self.model.model, batch, self.schedule, generator, DTYPES[self.cfg.dtype], self.cfg.action_loss_weight
         )
 
-    def train_step(self, batch=None) -> dict:
-        """One optimizer step on `batch` (an EncodedBatch; None: a fresh random one). Returns the logged numbers."""
+    def train_step(self, batch: EncodedBatch | None = None) -> dict:
+        """One optimizer step on the global batch `batch` (an EncodedBatch; None: a fresh random one). Every worker
+        draws the same global clips and noise from the same seeds and computes its rows of them (`micro_rows`); the
+        gradients are averaged across workers (DDP), so the step is the step one process takes. Returns the logged
+        numbers (of the whole global batch)."""
         t0 = time.monotonic()
-        if batch is None:
-            batch = self.next_batch()
+        cfg, g = self.cfg, self.cfg.batch_size
+        keys = self.sampler.sample_keys(g) if batch is None else None
+        if batch is not None and batch.block_latents.shape[0] != g:
+            raise ConfigError(f"batch: expected the global batch of {g} clips, got {batch.block_latents.shape[0]}")
+        passes = self.micro_rows()
+
+        def rows_of(rows: list[int]) -> EncodedBatch:
+            return self._encode([keys[i] for i in rows]) if batch is None else batch.rows(rows)
+
+        local = [rows_of(rows) for rows in passes]
+        k = local[0].block_latents.shape[1]
+        state_noise = draw_state_noise(self.noise_plan, self.generator, g, k) if self.noise_plan is not None else None
+        noise = draw_noise(self.schedule, self.generator, g, local[0])
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr_at(self.step)
-        terms = self._loss(batch, self.generator)
         self.optimizer.zero_grad(set_to_none=True)
-        terms.loss.backward()
-        params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip or float("inf"))
-        if not torch.isfinite(terms.loss):
-            raise FloatingPointError(f"step {self.step}: the loss is {terms.loss.item()} (lower lr or use float32)")
+        sums = torch.zeros(3, dtype=torch.float64)  # loss, video, action, summed over this worker's rows
+        for m, (rows, part) in enumerate(zip(passes, local)):
+            if state_noise is not None:
+                state, actions = perturb_states(part.state, part.actions, self.noise_plan, cfg.state_noise, None,
+                                                state_noise[rows])  # fmt: skip
+                part = dataclasses.replace(part, state=state, actions=actions)
+            with _no_sync(self.loss_module, last=m == len(passes) - 1):
+                loss, video, action = self.loss_module(part, noise.rows(rows))
+                # each pass's mean weighted by its share of the global batch; DDP divides by the workers again
+                (loss * (len(rows) * self.world / g)).backward()
+            sums += torch.tensor([loss.item(), video.item(), action.item()], dtype=torch.float64) * len(rows)
+        if self.world > 1:
+            torch.distributed.all_reduce(sums)
+        mean = (sums / g).tolist()
+        params = [p for grp in self.optimizer.param_groups for p in grp["params"]]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or float("inf"))
+        if not math.isfinite(mean[0]):
+            raise FloatingPointError(f"step {self.step}: the loss is {mean[0]} (lower lr or use float32)")
         self.optimizer.step()
         self.step += 1
+        seconds = time.monotonic() - t0
         return {
-            "step": self.step, "loss": terms.loss.item(), "video_loss": terms.video.item(),
-            "action_loss": terms.action.item(), "grad_norm": float(grad_norm), "lr": self.lr_at(self.step - 1),
-            "seconds": round(time.monotonic() - t0, 4),
+            "step": self.step, "loss": mean[0], "video_loss": mean[1], "action_loss": mean[2],
+            "grad_norm": float(grad_norm), "lr": self.lr_at(self.step - 1), "seconds": round(seconds, 4),
+            "samples_per_s": round(g / seconds, 3), "workers": self.world,
         }  # fmt: skip
 
     @torch.no_grad()
@@ -228,25 +283,38 @@ class Trainer:
     # -- loop --------------------------------------------------------------------------------------------------------
 
     def run(self) -> list[dict]:
+        """Train to cfg.last_step; only worker 0 writes the log and the checkpoints (all workers hold the same)."""
         records = []
-        with (self.out / LOG_FILE).open("a") as logf:
+        logf = (self.out / LOG_FILE).open("a") if self.rank == 0 else None
+        try:
             while self.step < self.cfg.last_step:
                 record = self.train_step()
-                if record["step"] % self.cfg.log_every == 0 or record["step"] == self.cfg.last_step:
+                if logf and (record["step"] % self.cfg.log_every == 0 or record["step"] == self.cfg.last_step):
                     logf.write(json.dumps(record) + "\n")
                     logf.flush()
                     log.info("step %(step)d loss %(loss).4f (video %(video_loss).4f action %(action_loss).4f)", record)
                 records.append(record)
                 if self.step % self.cfg.save_every == 0 or self.step == self.cfg.last_step:
                     self.save()
+        finally:
+            if logf:
+                logf.close()
         return records
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
 
     def save(self) -> Path:
+        """Worker 0 writes the checkpoint; the others wait for it (so a resume on any count finds it whole)."""
+        path = self.out / f"checkpoint-{self.step:07d}"
+        if self.rank == 0:
+            self._write_checkpoint(path)
+        if self.world > 1:
+            torch.distributed.barrier()
+        return path
+
+    def _write_checkpoint(self, path: Path) -> None:
         from dreamzero.checkpoint import save_model
 
-        path = self.out / f"checkpoint-{self.step:07d}"
         self.model.model.eval()
         save_model(self.model, path)
         self.model.model.train()
@@ -264,7 +332,6 @@ class Trainer:
         )
         (self.out / LATEST_FILE).write_text(path.name + "\n")
         log.info("saved %s", path)
-        return path
 
     def _load_state(self, path: Path) -> None:
         state = torch.load(path / STATE_FILE, map_location=self.cfg.device, weights_only=False)
@@ -275,6 +342,48 @@ class Trainer:
 
 
 _META_PATH = Path("experiment_cfg") / "metadata.json"
+
+
+class _LossModule(torch.nn.Module):
+    """The whole teacher-forced loss as one forward, so DDP sees one forward per backward (the loss calls the DiT
+    once per block and once per clean prefill)."""
+
+    def __init__(self, dit, schedule, autocast_dtype, action_weight: float):
+        super().__init__()
+        self.dit, self.schedule = dit, schedule
+        self.autocast_dtype, self.action_weight = autocast_dtype, action_weight
+
+    def forward(self, batch: EncodedBatch, noise: DrawnNoise):
+        terms = teacher_forced_loss(
+            self.dit, batch, self.schedule, None, self.autocast_dtype, self.action_weight, noise=noise
+        )
+        return terms.loss, terms.video, terms.action
+
+
+def _world() -> tuple[int, int]:
+    """(workers, this worker's rank): from torch.distributed when a process group is up, else (1, 0)."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _wrap_data_parallel(module: torch.nn.Module, device: str) -> torch.nn.Module:
+    """DDP over the process group when there is one (gloo on CPU, NCCL on GPU: whichever the group was made with)."""
+    if _world()[0] == 1:
+        return module
+    from torch.nn.parallel import DistributedDataParallel
+
+    dev = torch.device(device)
+    ids = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else None
+    return DistributedDataParallel(module, device_ids=ids, broadcast_buffers=False)
+
+
+def _no_sync(module: torch.nn.Module, last: bool):
+    """Accumulating passes skip DDP's gradient all-reduce; the last pass of a step syncs them all."""
+    if last or not hasattr(module, "no_sync"):
+        return contextlib.nullcontext()
+    return module.no_sync()
 
 
 def _read_json(path: Path) -> dict:

@@ -76,6 +76,13 @@ def bools(v: Any, name: str, b: int) -> list[bool]:
     return out
 
 
+def flag(v: Any, name: str) -> bool:
+    """One true/false option (0/1 accepted, as `bools`)."""
+    if isinstance(v, bool) or (isinstance(v, int) and v in (0, 1)):
+        return bool(v)
+    raise InvalidObservation(f"'{name}' must be true or false, got {type_name(v)} {str(v)[:32]}", field=name)
+
+
 def int_in(v: Any, name: str, lo: int, hi: int) -> int:
     if isinstance(v, np.integer):
         v = int(v)

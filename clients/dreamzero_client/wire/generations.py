@@ -62,6 +62,8 @@ class GenerationRequest:
     rtc_prefix_len: list[int | None] | None = None
     rtc_exec_horizon: list[int | None] | None = None
     action_prefix: list[np.ndarray | None] | None = None
+    # `runtime.return_video`: the reply also carries each row's predicted frames, uint8 [B, T, H, W, 3]
+    return_video: bool = False
 
     @property
     def batch_size(self) -> int:
@@ -306,6 +308,7 @@ def parse_generation_request(
         rtc_prefix_len=rtc_prefix_len,
         rtc_exec_horizon=rtc_exec_horizon,
         action_prefix=action_prefix,
+        return_video=f.flag(runtime.get("return_video", False), "runtime.return_video"),
     )
 
 
@@ -353,11 +356,13 @@ def build_request_body(
     rtc_prefix_len: int | Sequence[int | None] | None = None,
     rtc_exec_horizon: int | Sequence[int | None] | None = None,
     action_prefix: Any = None,
+    return_video: bool = False,
 ) -> dict:
     """The client side of `parse_generation_request` (what `clients.http_client` sends).
 
     Real-time chunking (docs/rtc.md): `rtc_prefix_len` d and `rtc_exec_horizon` s, one int or one per row;
-    `action_prefix` [P, D] (every row), [B, P, D] or B entries of [P, D] / None.
+    `action_prefix` [P, D] (every row), [B, P, D] or B entries of [P, D] / None. `return_video`: the reply also
+    carries the predicted frames (sent only when set, so other servers see today's body).
     """
     inp: dict[str, Any] = {"prompt": list(prompts), "observation": dict(observation)}
     if form is not None:
@@ -380,9 +385,7 @@ def build_request_body(
     if action_prefix is not None:
         is_array = isinstance(action_prefix, np.ndarray)
         params["action_prefix"] = action_prefix if is_array else [None if p is None else p for p in action_prefix]
-    return {
-        "model": model,
-        "input": inp,
-        "parameters": params,
-        "runtime": {"response_format": response_format, "output_format": output_format},
-    }
+    runtime: dict[str, Any] = {"response_format": response_format, "output_format": output_format}
+    if return_video:
+        runtime["return_video"] = True
+    return {"model": model, "input": inp, "parameters": params, "runtime": runtime}

@@ -20,7 +20,7 @@ from dreamzero_client.wire.generations import action_prefixes, continuity_fields
 #: `action_prefix` real-time chunking (docs/rtc.md), as in the HTTP body's `parameters`.
 OPENPI_CONTROL_KEYS = (
     "endpoint", "session_id", "prompt", "seed", "response_format", "expected_steps", "expected_incarnations",
-    "rtc_prefix_len", "rtc_exec_horizon", "action_prefix",
+    "rtc_prefix_len", "rtc_exec_horizon", "action_prefix", "return_video",
 )  # fmt: skip
 OPENPI_ENDPOINTS = ("infer", "reset")
 OPENPI_DEFAULT_SESSION = "default"
@@ -83,6 +83,7 @@ class OpenPIRequest:
     rtc_prefix_len: int | None = None  # real-time chunking (docs/rtc.md): d
     rtc_exec_horizon: int | None = None  # s
     action_prefix: np.ndarray | None = None  # [P, D] in robot units
+    return_video: bool = False  # the reply (then a dict) also carries "video": uint8 [T, H, W, 3] predicted frames
 
 
 def parse_openpi_request(msg: Any, flavour: str = codec.OPENPI) -> OpenPIRequest:
@@ -124,6 +125,7 @@ def parse_openpi_request(msg: Any, flavour: str = codec.OPENPI) -> OpenPIRequest
         expected_step=steps[0] if steps else None, expected_incarnation=incarnations[0] if incarnations else None,
         rtc_prefix_len=prefix_len[0] if prefix_len else None, rtc_exec_horizon=horizon[0] if horizon else None,
         action_prefix=prefix[0] if prefix else None,
+        return_video=f.flag(msg.get("return_video", False), "return_video"),
     )  # fmt: skip
 
 

@@ -63,8 +63,10 @@ def build_response(
     sessions: Sequence[SessionReport | Mapping],
     timings_ms: Mapping[str, float] | None = None,
     usage: Mapping[str, Any] | None = None,
+    video: np.ndarray | None = None,
 ) -> dict:
-    """The reply for `request` in its `response_format` (sglang envelope or raw)."""
+    """The reply for `request` in its `response_format` (sglang envelope or raw); `video` uint8 [B, T, H, W, 3]
+    (a `runtime.return_video` request) goes beside the actions as `data[0].video` / `video`."""
     actions = np.ascontiguousarray(actions, dtype=np.float32)
     if actions.ndim != 3 or actions.shape[0] != request.batch_size:
         raise ValueError(f"actions must be [B={request.batch_size}, H, D], got {list(actions.shape)}")
@@ -80,7 +82,7 @@ def build_response(
         params: dict[str, Any] = {"session_ids": list(request.session_ids), "reset_mask": list(request.reset_mask)}
         if request.seeds is not None:
             params["seeds"] = list(request.seeds)
-        return {"request_id": _new_id(), "actions": values, "parameters": params, **extras}
+        return {"request_id": _new_id(), "actions": values, "parameters": params, **_video(video, request), **extras}
     b, h, d = actions.shape
     return {
         "id": _new_id(),
@@ -93,11 +95,33 @@ def build_response(
                 "input_index": 0,
                 "candidate_index": 0,
                 "action": {"type": "continuous", "dtype": "float32", "shape": [b, h, d], "values": values},
+                **_video(video, request),
             }
         ],
         "usage": dict(usage) if usage is not None else {"batch_size": b, "action_horizon": h, "action_dim": d},
         **extras,
     }
+
+
+def _video(video: np.ndarray | None, request: GenerationRequest) -> dict:
+    """`{"video": {...}}` for a reply that carries predicted frames, else nothing (replies stay as they were)."""
+    if video is None:
+        return {}
+    video = np.ascontiguousarray(video, dtype=np.uint8)
+    if video.ndim != 5 or video.shape[0] != request.batch_size or video.shape[-1] != 3:
+        raise ValueError(f"video must be uint8 [B={request.batch_size}, T, H, W, 3], got {list(video.shape)}")
+    values: Any = video if request.output_format == "numpy" else video.tolist()
+    return {"video": {"type": "rgb", "dtype": "uint8", "shape": list(video.shape), "values": values}}
+
+
+def parse_video(entry: Any) -> np.ndarray | None:
+    """A reply's `video` object -> uint8 [B, T, H, W, 3] (None when the reply has none)."""
+    if entry is None:
+        return None
+    try:
+        return np.asarray(entry["values"], dtype=np.uint8).reshape([int(s) for s in entry["shape"]])
+    except (KeyError, TypeError, ValueError) as e:
+        raise InvalidRequest(f"reply video cannot be read as uint8 frames: {e}") from None
 
 
 def _new_id() -> str:
@@ -112,6 +136,7 @@ class ActionsReply:
     sessions: list[dict]
     timings: dict[str, float]
     form: str | None
+    video: np.ndarray | None = None  # uint8 [B, T, H, W, 3] when the request asked for it (`return_video`)
 
 
 def parse_actions_response(resp: Any) -> ActionsReply:
@@ -128,8 +153,10 @@ def parse_actions_response(resp: Any) -> ActionsReply:
         except (KeyError, IndexError, TypeError):
             raise InvalidRequest("envelope reply has no 'data[0].action.values'") from None
         shape = action.get("shape")
+        video = parse_video(resp["data"][0].get("video"))
     elif "actions" in resp:
         values, shape = resp["actions"], None
+        video = parse_video(resp.get("video"))
     else:
         raise InvalidRequest(f"reply has neither 'data' nor 'actions' (keys: {sorted(resp)[:10]})")
     try:
@@ -139,7 +166,8 @@ def parse_actions_response(resp: Any) -> ActionsReply:
     except (ValueError, TypeError) as e:
         raise InvalidRequest(f"reply actions cannot be read as a float32 array of shape {shape}: {e}") from None
     sessions = resp.get("sessions") or []
-    return ActionsReply(actions, [dict(s) for s in sessions], dict(resp.get("timings") or {}), resp.get("form"))
+    timings = dict(resp.get("timings") or {})
+    return ActionsReply(actions, [dict(s) for s in sessions], timings, resp.get("form"), video)
 
 
 def error_body(code: str, message: str, field: str | None = None) -> dict:

@@ -136,6 +136,7 @@ class ActionOptions:
     expected_steps: list[int | None] | None = None
     expected_incarnations: list[str | None] | None = None
     seeds: list[int] | None = None
+    return_video: bool = False  # info["video"]: uint8 [B, T, H, W, 3] predicted frames
 
 
 @dataclass
@@ -242,6 +243,7 @@ def parse_options(opts: Mapping, b: int) -> ActionOptions:
         expected_steps=expected_steps,
         expected_incarnations=expected_incarnations,
         seeds=seeds,
+        return_video=f.flag(opts.get("return_video", False), "options.return_video"),
     )
 
 
