@@ -38,7 +38,7 @@ class Pipeline(Protocol):
     device: torch.device
     dtype: torch.dtype
     guided: bool
-    branches: tuple[str, ...]
+    branches: tuple[str, ...]  # the CFG branches of this process's rows (one under CFG-parallel)
 
 
 _MASK_CHANNELS = 4  # `y` = 4 first-frame mask channels + z latent channels (i2v)
@@ -65,7 +65,7 @@ def check_tokens(lat: torch.Tensor, dit_cfg: DiTConfig) -> torch.Tensor:
 
 def context_emb(pipe: Pipeline, states: list[SessionState], clip: list[torch.Tensor | None]) -> CrossContext:
     """Cross-attention context for the rows of one forward, session-major: [R, (257 +) 512, D]."""
-    layout = cfg_row_layout(len(states), pipe.guided)
+    layout = cfg_row_layout(len(states), pipe.guided, pipe.branches)
     text = torch.cat([states[s].text_cache[b] for s, b in layout])
     img = None
     if pipe.dit_cfg.has_image_input:
@@ -120,11 +120,11 @@ def start_sessions(pipe: Pipeline, rows: list[Row], anchors: torch.Tensor, timer
         ctx = context_emb(pipe, states, [s.clip_feature for s in states])
         caches = prefill_block(
             pipe.dit,
-            branch_rows(first_latent, pipe.guided).to(pipe.dtype),
+            branch_rows(first_latent, len(pipe.branches) > 1).to(pipe.dtype),
             context_emb=ctx,
             kv_cache=None,
             start_frame=0,
-            y=branch_rows(y[:, :, :1], pipe.guided) if y is not None else None,
+            y=branch_rows(y[:, :, :1], len(pipe.branches) > 1) if y is not None else None,
         )
     split_caches(caches, states, pipe.branches)
     for s in states:
@@ -182,10 +182,10 @@ def prefill_observed(pipe: Pipeline, rows: list[Row], frames: torch.Tensor, time
         ctx = context_emb(pipe, states, [s.clip_feature for s in states])
         caches = prefill_block(
             pipe.dit,
-            branch_rows(lat, pipe.guided).to(pipe.dtype),
+            branch_rows(lat, len(pipe.branches) > 1).to(pipe.dtype),
             context_emb=ctx,
             kv_cache=stack_caches(states),
             start_frame=starts,
-            y=branch_rows(y, pipe.guided),
+            y=branch_rows(y, len(pipe.branches) > 1),
         )
     split_caches(caches, states, pipe.branches)

@@ -47,8 +47,13 @@ def _canvas_hw(model_cfg) -> tuple[int, int] | None:
 class DreamZeroPipeline:
     """A DreamZero model plus session store: `generate(ModelBatch) -> ChunkResult` for any mix of sessions."""
 
-    def __init__(self, model, config: PipelineConfig | None = None, store: SessionStore | None = None):
+    def __init__(
+        self, model, config: PipelineConfig | None = None, store: SessionStore | None = None, branch_group=None
+    ):
         self.model = model
+        # CFG-parallel (`cfg_parallel.BranchGroup`): this process runs one guidance branch's rows of every call, in
+        # lock-step with the rank running the other; None runs both branches here
+        self.branch_group = branch_group
         self.dit: CausalWanDiT = model.model
         self.dit_cfg: DiTConfig = self.dit.cfg
         model_cfg = getattr(model, "config", None)
@@ -181,7 +186,7 @@ class DreamZeroPipeline:
             vae = self.model.vae
             self._footprints[canvas_hw] = footprint_for(
                 self.dit_cfg, self.config, getattr(vae, "cfg", None), enc, canvas_hw, self.dtype,
-                getattr(vae, "spatial_factor", 8),
+                getattr(vae, "spatial_factor", 8), branches=len(self.branches),
             )  # fmt: skip
         return self._footprints[canvas_hw]
 
@@ -232,13 +237,13 @@ class DreamZeroPipeline:
         with timer("inputs"):
             frames = model_frames(batch.images, self.device, self.config.model_input_hw)  # [B, T, 3, H, W] in [-1, 1]
         self._reserve(batch)  # before any session is touched; a no-op for sessions a server admitted already
-        rows = resolve_rows(batch, self.store, self.dit_cfg.max_attention_frames, self.config.default_seed)
         try:
+            rows = self._resolve_rows(batch)  # under CFG-parallel an exchange with the other rank, which may fail
             return self._generate(batch, rows, frames, timer, t_start, return_latents, noise)
         except Exception:
             # a failed call may have advanced some caches but not the frame positions: forget these sessions so
             # their state is never reused silently (their next call restarts as a new session)
-            self.store.drop([r.state.session_id for r in rows])
+            self.store.drop(batch.session_ids)
             raise
         finally:
             self.store.release(batch.session_ids)  # stored sessions keep their reservation, the others return it
@@ -252,7 +257,7 @@ class DreamZeroPipeline:
                 self._prompt_rows,
                 self.config.prompt_cache_size,
                 self.model.text_encoder,
-                self.guided,
+                self.branches,
                 self.device,
                 self.dtype,
             )
@@ -279,7 +284,8 @@ class DreamZeroPipeline:
         for r in rows:
             r.state.prev_chunk = rtc.remember(batch, r.index, actions[r.index].numpy())
         video = None
-        if wants_video(batch.return_video):  # after the denoise, at the chunk's end: only when a row asked
+        answers = self.branch_group is None or self.branch_group.rank == 0  # a CFG rank 1's result is dropped
+        if answers and wants_video(batch.return_video):  # after the denoise, at the chunk's end: only when asked
             with timer("video"):
                 video = predicted_frames(self.model.vae, rows, res.video, batch.return_video)
         else:
@@ -329,7 +335,20 @@ class DreamZeroPipeline:
     @property
     def branches(self) -> tuple[str, ...]:
         """The CFG branches of each session's caches: ("cond", "uncond") when guided, else ("cond",)."""
+        if self.branch_group is not None and self.guided:
+            return (self.branch_group.branch,)
         return BRANCHES if self.guided else BRANCHES[:1]
+
+    def _resolve_rows(self, batch: ModelBatch) -> list[Row]:
+        """Step 1; under CFG-parallel both ranks agree on it (rank 0 decides, `BranchGroup.agree_rows`)."""
+
+        def resolve(decided=None):
+            return resolve_rows(batch, self.store, self.dit_cfg.max_attention_frames, self.config.default_seed, decided)
+
+        if self.branch_group is None or not self.guided:
+            return resolve()
+        own = resolve() if self.branch_group.rank == 0 else None
+        return self.branch_group.agree_rows(own, batch, self.store, resolve)
 
     def _validate(self, batch: ModelBatch) -> None:
         validate_batch(batch, self.dit_cfg, self.action_horizon, self.max_action_dim)
@@ -368,4 +387,5 @@ class DreamZeroPipeline:
                 start_frame=starts,
                 y=y,
                 action_guide=guide,
+                branch_group=self.branch_group if self.guided else None,
             )

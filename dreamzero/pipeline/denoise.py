@@ -20,11 +20,12 @@ from dreamzero.pipeline.step_plan import StepPlan
 from dreamzero.sessions import BRANCHES
 
 
-def cfg_row_layout(num_sessions: int, guided: bool) -> list[tuple[int, str]]:
+def cfg_row_layout(num_sessions: int, guided: bool, branches: tuple[str, ...] | None = None) -> list[tuple[int, str]]:
     """(session index, CFG branch) of each forward row for `num_sessions` sessions: session-major (s0 cond, s0 uncond,
-    s1 cond, ...) when guidance runs, one cond row per session otherwise. `branch_rows`, the contexts and the caches
-    all follow this layout."""
-    branches = BRANCHES if guided else BRANCHES[:1]
+    s1 cond, ...) when guidance runs, one cond row per session otherwise, or one row per session and rank's branch in
+    `branches` (CFG-parallel). `branch_rows`, the contexts and the caches all follow this layout."""
+    if branches is None:
+        branches = BRANCHES if guided else BRANCHES[:1]
     return [(s, b) for s in range(num_sessions) for b in branches]
 
 
@@ -92,6 +93,7 @@ def denoise_block(
     start_frame: int | list[int],
     y: torch.Tensor | None = None,
     action_guide: rtc.ActionGuide | None = None,
+    branch_group=None,
 ) -> DenoiseResult:
     """Denoise one block for G rows: video_noise [G, z, F, h, w], action_noise [G, A, ad], state [G, 1, S].
 
@@ -99,25 +101,28 @@ def denoise_block(
     s1 cond, ...), and `y` G rows; without guidance all hold G rows. `start_frame` is one frame position for all rows
     or one per session. Samples stay fp32 whatever the DiT's dtype. `action_guide` (real-time chunking) steers the
     action velocity on every step, whether the DiT ran or not, and writes the prefix at the end.
+    `branch_group` (`cfg_parallel.BranchGroup`, CFG-parallel): every input holds G rows of this rank's branch only,
+    and each DiT step's predictions are exchanged with the other rank before guidance combines them.
     """
     guided = cfg.cfg_scale != 1.0
+    doubled = guided and branch_group is None  # both branches' rows in this forward
     g = video_noise.shape[0]
-    start_frame = _starts(start_frame, 2 * g if guided else g)
+    start_frame = _starts(start_frame, 2 * g if doubled else g)
     video_sched = FlowUniPCScheduler(cfg.num_inference_steps, cfg.sigma_shift)
     action_sched = FlowUniPCScheduler(cfg.num_inference_steps, cfg.sigma_shift)
     plan = StepPlan(cfg)
     x, a = video_noise.float(), action_noise.float()
-    state_rows, y_rows = branch_rows(state, guided), branch_rows(y, guided)
+    state_rows, y_rows = branch_rows(state, doubled), branch_rows(y, doubled)
     v = v_action = None
     steps = 0
     cross_kv = dit.cross_kv(context_emb)  # the context is constant over the steps: project it once
     for i, t in enumerate(video_sched.timesteps.tolist()):
         if plan.should_run(i) or v is None:
-            n = 2 * g if guided else g
+            n = 2 * g if doubled else g
             timestep = torch.full((n, x.shape[2]), t, dtype=torch.long, device=x.device)
             timestep_action = torch.full((n, a.shape[1]), t, dtype=torch.long, device=x.device)
             out = dit(
-                branch_rows(x, guided),
+                branch_rows(x, doubled),
                 timestep,
                 kv_cache=kv_cache.layers,
                 kv_lengths=kv_cache.lengths,
@@ -125,12 +130,15 @@ def denoise_block(
                 context_emb=context_emb,
                 cross_kv=cross_kv,
                 y=y_rows,
-                action=branch_rows(a, guided),
+                action=branch_rows(a, doubled),
                 timestep_action=timestep_action,
                 state=state_rows,
             )
             pred_v, pred_a = out.video.float(), out.action.float()
-            if guided:  # guidance on video only; the action follows the conditional branch
+            if guided and branch_group is not None:  # the same three tensors on both ranks: the same guidance
+                v_cond, v_uncond, v_action = branch_group.exchange(pred_v, pred_a)
+                v = v_uncond + cfg.cfg_scale * (v_cond - v_uncond)
+            elif guided:  # guidance on video only; the action follows the conditional branch
                 v_cond, v_uncond = pred_v.unflatten(0, (g, 2)).unbind(1)
                 v = v_uncond + cfg.cfg_scale * (v_cond - v_uncond)
                 v_action = pred_a.unflatten(0, (g, 2))[:, 0]

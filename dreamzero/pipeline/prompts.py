@@ -18,19 +18,18 @@ def encode_prompts(
     cache: OrderedDict[str, torch.Tensor],
     cache_size: int,
     text_encoder,
-    guided: bool,
+    branches: tuple[str, ...],
     device: torch.device,
     dtype: torch.dtype,
 ) -> None:
-    """Fill each row's session text cache ("cond": prompt, "uncond": negative prompt when `guided`): from the
+    """Fill each row's session text cache ("cond": prompt, "uncond": negative prompt) for `branches`: from the
     session's own rows, else from `cache`, else by one `text_encoder.encode` call for the prompts not seen yet."""
     todo: list[tuple[Row, str, str]] = []
     for r in rows:
         for branch, text in (("cond", r.state.prompt), ("uncond", r.state.negative_prompt)):
             if branch not in r.state.text_cache:
                 todo.append((r, branch, text))
-    if not guided:
-        todo = [t for t in todo if t[1] == "cond"]
+    todo = [t for t in todo if t[1] in branches]
     if not todo:
         return
     lookup = {}
