@@ -102,8 +102,10 @@ def test_http_refuses_a_bad_return_video_naming_the_field(served):
 def test_websocket_answers_the_dict_form_with_the_frames(served):
     with served.client.websocket_connect("/v1/realtime/robot/openpi") as ws:
         openpi.unpack_frame(ws.receive_bytes())
-        ws.send_bytes(openpi.pack_frame(openpi_droid_observation(0, "ws")))
+        ws.send_bytes(openpi.pack_frame({**openpi_droid_observation(0, "ws"), "response_format": "array"}))
         assert isinstance(openpi.unpack_frame(ws.receive_bytes())[0], np.ndarray)  # unchanged: the bare array
+        ws.send_bytes(openpi.pack_frame({**openpi_droid_observation(0, "ws"), "response_format": "dict"}))
+        assert "video" not in openpi.unpack_frame(ws.receive_bytes())[0]
         for seed in (1, 2):
             ws.send_bytes(openpi.pack_frame({**openpi_droid_observation(seed, "ws"), "return_video": True}))
             reply = openpi.unpack_frame(ws.receive_bytes())[0]
