@@ -121,14 +121,17 @@ def session_footprint(
     vae_state_bytes: int = 0,
     spatial_factor: int = 8,
     clip_tokens: int = 257,
+    branches: int | None = None,
 ) -> SessionFootprint:
     """A session's bytes after each chunk, from `DiTConfig` `dit`, `PipelineConfig` `pipeline`, the model-input canvas
     (H, W) (after `model_input_hw`), the model dtype's element size and the VAE encoder state of one row at that canvas
     (`vae_state_nbytes`; only i2v sessions with `conditioning_by_chunk` hold one until their conditioning is complete)
-    and the CLIP tokens (257 for ViT-H/14 at 224 px: 16 x 16 patches + the class token).
+    and the CLIP tokens (257 for ViT-H/14 at 224 px: 16 x 16 patches + the class token). `branches`: the CFG
+    branches this process holds (None: both when guided; 1 on each rank of a CFG-parallel pair).
     """
     h, w = canvas_hw
     nb = 1 if pipeline.cfg_scale == 1.0 else len(BRANCHES)  # CFG branches, each with its own KV rows and text rows
+    nb = nb if branches is None else branches
     nfpb, window = dit.num_frame_per_block, dit.max_attention_frames
     i2v = dit.has_image_input
     cond = i2v and dit.concat_first_frame_latent
@@ -157,7 +160,14 @@ def session_footprint(
 
 
 def footprint_for(
-    dit, pipeline, vae_cfg, image_encoder_cfg, canvas_hw: tuple[int, int], dtype, spatial: int | None = None
+    dit,
+    pipeline,
+    vae_cfg,
+    image_encoder_cfg,
+    canvas_hw: tuple[int, int],
+    dtype,
+    spatial: int | None = None,
+    branches: int | None = None,
 ) -> SessionFootprint:
     """`session_footprint` from the configs alone (DiTConfig, PipelineConfig, VAEConfig or None for a stand-in VAE,
     ImageEncoderConfig or None) at the model-input `canvas_hw` and the model's dtype (`spatial`: the VAE's pixels per
@@ -173,7 +183,7 @@ def footprint_for(
     element_size = torch.empty((), dtype=dtype).element_size()
     if spatial is None:
         spatial = spatial_factor(vae_cfg) if vae_cfg is not None else 8
-    return session_footprint(dit, pipeline, canvas_hw, element_size, vae_bytes, spatial, clip_tokens)
+    return session_footprint(dit, pipeline, canvas_hw, element_size, vae_bytes, spatial, clip_tokens, branches)
 
 
 class SessionStore:
@@ -238,6 +248,11 @@ class SessionStore:
                 state.last_used = self._clock()
                 return state, None
             return None, ("evicted" if session_id in self._evicted else "new_session")
+
+    def ids(self) -> list[str]:
+        """The live session ids, least recently used first (a CFG-parallel rank 1 mirrors rank 0's with them)."""
+        with self._lock:
+            return list(self._sessions)
 
     def put(self, state: SessionState, protect: Iterable[str] = ()) -> None:
         """Insert or replace a session; evicts least recently used sessions not in `protect` (e.g. the current batch)
