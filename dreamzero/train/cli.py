@@ -9,6 +9,7 @@ Running it again with the same --out resumes from `<out>/latest` (weights, optim
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -18,13 +19,22 @@ import torch
 
 from dreamzero.errors import ConfigError
 from dreamzero.metadata import BOUNDS
+from dreamzero.train.mixture import DatasetSpec, parse_dataset_arg, read_mixture_spec
 from dreamzero.train.trainer import DTYPES, TrainConfig, Trainer
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dreamzero-train", description=__doc__.split("\n\n")[0])
     d = TrainConfig(dataset="", out="")
-    p.add_argument("--dataset", required=True, help="LeRobot v3.0 dataset directory")
+    p.add_argument(
+        "--dataset",
+        action="append",
+        default=None,
+        metavar="PATH[:WEIGHT[:EMBODIMENT]]",
+        help="LeRobot v3.0 dataset directory; repeat for a mixture drawn by weight, each with its own embodiment "
+        "(default: --embodiment)",
+    )
+    p.add_argument("--dataset-spec", default=None, help="YAML list of mixture datasets (see docs/training.md)")
     p.add_argument("--out", required=True, help="run directory (checkpoints, train_log.jsonl); resumed if it has one")
     p.add_argument("--init", default=None, help="checkpoint to start from (default: the embedded tiny model)")
     p.add_argument(
@@ -114,6 +124,15 @@ def _random_preset_model(out: str, name: str) -> Path:
     return path
 
 
+def _dataset_specs(args) -> list[DatasetSpec]:
+    if (args.dataset is None) == (args.dataset_spec is None):
+        raise ConfigError("dataset: give --dataset (repeatable) or --dataset-spec, one of them")
+    specs = read_mixture_spec(args.dataset_spec) if args.dataset_spec else [parse_dataset_arg(d) for d in args.dataset]
+    if len(specs) > 1 and args.metadata is not None:
+        raise ConfigError("metadata: a mixture takes one metadata file per dataset (--dataset-spec `metadata:`)")
+    return specs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -122,8 +141,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.preset is not None and args.init is not None:
         raise ConfigError("--preset and --init both name the starting model; give one")
     init = args.init if args.preset is None else str(_random_preset_model(args.out, args.preset))
+    specs = _dataset_specs(args)
+    mixture = [dataclasses.asdict(s) for s in specs] if len(specs) > 1 else None
+    if len(specs) == 1 and specs[0].embodiment is not None:
+        args.embodiment = specs[0].embodiment
     cfg = TrainConfig(
-        dataset=args.dataset, out=args.out, init=init, embodiment=args.embodiment, metadata=args.metadata,
+        dataset=specs[0].path, out=args.out, mixture=mixture, init=init, embodiment=args.embodiment,
+        metadata=args.metadata or specs[0].metadata,
         steps=args.steps, batch_size=args.batch_size, blocks=args.blocks, lr=args.lr, weight_decay=args.weight_decay,
         warmup_steps=args.warmup_steps, grad_clip=args.grad_clip, seed=args.seed, device=args.device,
         dtype=args.dtype, log_every=args.log_every, save_every=args.save_every, max_episodes=args.max_episodes,

@@ -78,4 +78,8 @@ def _absolute_paths(cfg: TrainConfig) -> dict:
         value = getattr(cfg, name)
         if isinstance(value, str) and value and os.path.exists(value):
             fields[name] = str(Path(value).resolve())
+    if cfg.mixture:
+        fields["mixture"] = [
+            {**m, **{k: str(Path(m[k]).resolve()) for k in ("path", "metadata") if m.get(k)}} for m in cfg.mixture
+        ]
     return fields

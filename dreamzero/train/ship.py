@@ -43,6 +43,9 @@ def _training_record(checkpoint: Path, depth: int = 0) -> dict:
     config = state["config"]
     if isinstance(config, dict):  # the folders of the machine that trained it mean nothing elsewhere: keep their names
         config = {k: Path(v).name if k in _PATH_KEYS and isinstance(v, str) else v for k, v in config.items()}
+        if config.get("mixture"):
+            config["mixture"] = [{**m, **{k: Path(m[k]).name for k in ("path", "metadata") if m.get(k)}}
+                                 for m in config["mixture"]]  # fmt: skip
     record = {
         "step": state["step"],
         "config": config,

@@ -25,6 +25,7 @@ import torch
 from dreamzero.errors import ConfigError
 from dreamzero.train.augment import draw_state_noise, perturb_states, state_noise_plan
 from dreamzero.train.data import ClipSampler, load_episodes
+from dreamzero.train.mixture import DatasetSpec, MixtureSampler
 from dreamzero.train.objective import DrawnNoise, EncodedBatch, draw_noise, encode_clips, teacher_forced_loss
 from dreamzero.train.schedule import TrainingSchedule
 
@@ -66,6 +67,13 @@ class TrainConfig:
     state_noise: float = 0.0  # std (raw units) of the noise on relative-action states, targets relabelled (augment.py)
     # clips per forward pass on one worker; batch_size (the global batch) = workers x micro_batch_size x accumulation
     micro_batch_size: int | None = None  # None: batch_size / workers (no accumulation)
+    # several datasets drawn by weight (dicts of mixture.DatasetSpec's fields); None: `dataset` alone
+    mixture: list[dict] | None = None
+
+    def dataset_specs(self) -> list[DatasetSpec]:
+        if not self.mixture:
+            return [DatasetSpec(self.dataset, 1.0, self.embodiment, self.metadata)]
+        return [DatasetSpec(**{**m, "embodiment": m.get("embodiment") or self.embodiment}) for m in self.mixture]
 
     @property
     def last_step(self) -> int:
@@ -104,19 +112,34 @@ class TrainConfig:
 
 
 def _metadata_for(cfg: TrainConfig) -> dict:
+    """The statistics of every embodiment the run trains: per dataset its metadata file, else computed from it (the
+    first dataset of a tag gives that tag's statistics)."""
     from dreamzero.lerobot_dataset import LeRobotDataset, get_preset
     from dreamzero.metadata import read_metadata_file
     from dreamzero.metadata_cli import compute_metadata
 
-    if cfg.metadata is not None:
-        metadata = read_metadata_file(cfg.metadata)
+    specs = cfg.dataset_specs()
+    if len(specs) == 1 and specs[0].metadata is not None:  # one dataset: its file as it is, every tag it holds
+        metadata = read_metadata_file(specs[0].metadata)
     else:
-        metadata = compute_metadata(LeRobotDataset(cfg.dataset), get_preset(cfg.embodiment), progress=False)
+        metadata = {}
+        for spec in specs:
+            if spec.embodiment in metadata:
+                continue
+            if spec.metadata is not None:
+                found = read_metadata_file(spec.metadata)
+                if spec.embodiment not in found:
+                    raise ConfigError(f"metadata {spec.metadata} has no embodiment tag {spec.embodiment!r}")
+                metadata[spec.embodiment] = found[spec.embodiment]
+            else:
+                computed = compute_metadata(LeRobotDataset(spec.path), get_preset(spec.embodiment), progress=False)
+                metadata.update(computed)
     if cfg.action_bounds is not None:
-        entry = metadata.get(cfg.embodiment)
-        if not isinstance(entry, dict):
-            raise ConfigError(f"metadata has no embodiment tag {cfg.embodiment!r} to set action_bounds on")
-        entry["normalisation_bounds"] = {**(entry.get("normalisation_bounds") or {}), "action": cfg.action_bounds}
+        for tag in dict.fromkeys(s.embodiment for s in specs):
+            entry = metadata.get(tag)
+            if not isinstance(entry, dict):
+                raise ConfigError(f"metadata has no embodiment tag {tag!r} to set action_bounds on")
+            entry["normalisation_bounds"] = {**(entry.get("normalisation_bounds") or {}), "action": cfg.action_bounds}
     return metadata
 
 
@@ -153,18 +176,30 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         resume_from = latest_checkpoint(self.out) if resume else None
         self.metadata = _metadata_for(cfg) if resume_from is None else _read_json(resume_from / _META_PATH)
-        self.embodiment = get_embodiment(cfg.embodiment, self.metadata)
+        specs = cfg.dataset_specs()
+        self.embodiments = [get_embodiment(spec.embodiment, self.metadata) for spec in specs]
+        self.embodiment = self.embodiments[0]
         self.model = _load_model(str(resume_from) if resume_from else cfg.init, cfg.device)
         dit_cfg = self.model.config.dit
         if cfg.blocks > dit_cfg.max_chunk_size:
             raise ConfigError(f"blocks: the model's window holds {dit_cfg.max_chunk_size} blocks, got {cfg.blocks}")
-        if self.embodiment.action_horizon != dit_cfg.num_action_per_block:
-            raise ConfigError(
-                f"embodiment {cfg.embodiment} has action_horizon {self.embodiment.action_horizon}, the model "
-                f"predicts {dit_cfg.num_action_per_block} actions per block"
-            )
-        episodes = load_episodes(cfg.dataset, self.embodiment, cfg.max_episodes)
-        self.sampler = ClipSampler(episodes, self.embodiment, cfg.blocks, seed=cfg.seed, start_stride=cfg.start_stride)
+        for spec, emb in zip(specs, self.embodiments):
+            if emb.action_horizon != dit_cfg.num_action_per_block:
+                raise ConfigError(
+                    f"embodiment {emb.tag} (dataset {spec.path}) has action_horizon {emb.action_horizon}, the model "
+                    f"predicts {dit_cfg.num_action_per_block} actions per block"
+                )
+        samplers = [
+            ClipSampler(load_episodes(spec.path, emb, cfg.max_episodes), emb, cfg.blocks, seed=cfg.seed,
+                        start_stride=cfg.start_stride)
+            for spec, emb in zip(specs, self.embodiments)
+        ]  # fmt: skip
+        if len(specs) == 1:
+            self.sampler = samplers[0]
+        else:
+            if cfg.state_noise > 0:
+                raise ConfigError("state_noise: not available with a mixture of datasets (one embodiment's columns)")
+            self.sampler = MixtureSampler(samplers, [s.weight for s in specs], seed=cfg.seed)
         self.encoded: dict[tuple[int, int], EncodedBatch] = {}  # (episode, t0) -> that clip's encodings
         self.schedule = TrainingSchedule(device=cfg.device)
         self.generator = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
@@ -200,9 +235,9 @@ class Trainer:
             batch = dataclasses.replace(batch, state=state, actions=actions)
         return batch
 
-    def _encode(self, keys: list[tuple[int, int]]) -> EncodedBatch:
+    def _encode(self, keys: list[tuple]) -> EncodedBatch:
         if not self.cfg.cache_encodings:
-            batch = encode_clips(self.model, [self.sampler.clip(k) for k in keys])
+            batch = _encode_mixed(self.model, [self.sampler.clip(k) for k in keys])
         else:
             for k in keys:
                 if k not in self.encoded:
@@ -358,6 +393,19 @@ class _LossModule(torch.nn.Module):
             self.dit, batch, self.schedule, None, self.autocast_dtype, self.action_weight, noise=noise
         )
         return terms.loss, terms.video, terms.action
+
+
+def _encode_mixed(model, clips: list) -> EncodedBatch:
+    """`encode_clips` of clips whose canvases may differ (a mixture's embodiments): one call per canvas size, the
+    rows back in the clips' order (each encoding is at the model's input size)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, clip in enumerate(clips):
+        groups.setdefault(clip.anchor.shape, []).append(i)
+    if len(groups) == 1:
+        return encode_clips(model, clips)
+    order = [i for rows in groups.values() for i in rows]
+    parts = EncodedBatch.cat([encode_clips(model, [clips[i] for i in rows]) for rows in groups.values()])
+    return parts.rows([order.index(i) for i in range(len(clips))])
 
 
 def _world() -> tuple[int, int]:

@@ -40,3 +40,22 @@ def write_synthetic_dataset(root: Path, **kwargs) -> Path:
     write_dataset(root, synthetic_episodes(**kwargs), fps=15.0, robot_type="synthetic")
     (root / "meta" / "modality.json").write_text(json.dumps(MODALITY))
     return root
+
+
+def write_franka_pnp_dataset(root: Path, n_episodes: int = 2, length: int = 60, hw=(48, 48), seed: int = 1) -> Path:
+    """A franka_pnp-keyed dataset (RLinf's real-robot layout: 19 state numbers, 7 TCP-delta actions, two cameras)."""
+    rng = np.random.default_rng(seed)
+    episodes = []
+    for _ in range(n_episodes):
+        state = np.cumsum(rng.normal(0, 0.05, size=(length, 19)), axis=0).astype(np.float32)
+        action = np.clip(rng.normal(0, 0.4, size=(length, 7)), -1, 1).astype(np.float32)
+        frames = rng.integers(0, 255, size=(length, *hw, 3)).astype(np.uint8)
+        episodes.append(
+            Episode(
+                task="pick up the red block",
+                vectors={"state": state, "actions": action},
+                videos={"observation.images.image": frames, "observation.images.wrist_image": frames[:, ::-1]},
+            )
+        )
+    write_dataset(root, episodes, fps=10.0, robot_type="franka")
+    return root
