@@ -2,7 +2,8 @@
 
 - `raw`: `ActionClient`, raw DROID form (three 180x320 cameras + joints);
 - `normalised`: `ActionClient`, RLinf normalised form (canvas + 64-d state);
-- `openpi`: `OpenPIClient` on `/v1/realtime/robot/openpi` (the ingress keeps the session's expected step itself).
+- `openpi`: `OpenPIClient(resume=True)` on `/v1/realtime/robot/openpi` (it echoes the step and incarnation of the
+  session's last reply, and a reopened connection continues the session).
 
 A `Worker` runs one client for a bounded number of calls and a deadline, never more, and records every call: its
 latency, the error it raised (if any) and the session report checked by a `ContinuityLedger`. The HTTP client
@@ -138,15 +139,18 @@ class Worker:
                 sid = self.session_id(i)
                 t0 = time.monotonic()
                 try:
-                    if client is None:  # a fresh connection is a fresh server session
+                    if client is None:  # a fresh client is a fresh server session
                         client = OpenPIClient(
-                            host, int(port), routes.OPENPI_WS_PATH, timeout_s=self.timeout_s, max_reconnects=3
+                            host,
+                            int(port),
+                            routes.OPENPI_WS_PATH,
+                            timeout_s=self.timeout_s,
+                            max_reconnects=3,
+                            resume=True,
                         )
                         connection += 1
-                    before = client.reconnects
+                    # resume=True: a reopened connection continues the session, so it is judged on the same key
                     reply = client.infer(openpi_observation(sid, seed=i))
-                    if client.reconnects != before:  # the server saw a new connection: its sessions start afresh
-                        connection += 1
                 except Exception as exc:  # noqa: BLE001 - every failure is recorded, none ends the run
                     self.records.append(CallRecord(t0, time.monotonic(), False, error_label(exc), str(exc)[:300]))
                     if client is not None and client._ws is None:  # closed after a timeout: reconnect next time

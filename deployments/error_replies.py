@@ -24,6 +24,7 @@ log = logging.getLogger("dreamzero.serve")
 STATUS_TABLE: tuple[tuple[type[BaseException], int], ...] = (
     (errors.UnsupportedMediaType, 415),
     (errors.PayloadTooLarge, 413),
+    (errors.RequestTimeout, 408),
     (errors.InvalidObservation, 422),
     (errors.InvalidRequest, 400),
     (errors.Unauthorized, 401),

@@ -22,7 +22,8 @@ class ModelInfo:
     max_state_dim: int
     default_seed: int
     num_inference_steps: int
-    openpi_handshake: dict[str, Any]  # the first frame of every OpenPI WebSocket connection
+    openpi_handshake: dict[str, Any]  # the first frame of every OpenPI WebSocket connection: the six reference keys
+    openpi_extras: dict[str, Any]  # what else the embodiment's server config says (horizon, dims, ...): on opt-in
     max_batch_rows: int | None = None  # session rows per model call the replica settled on (`auto` or as set)
     memory: dict[str, Any] | None = None  # the replica's rows, session byte budget and device (budget.ServingMemory)
 
@@ -30,9 +31,9 @@ class ModelInfo:
     def from_policy(cls, info: dict[str, Any], embodiment: Embodiment) -> ModelInfo:
         """`info`: `PolicyDeployment.info()`; the embodiment gives the robot's action width and the handshake keys."""
         action_dim = int(getattr(embodiment, "action_dim", info["max_action_dim"]))
-        handshake = dict(embodiment.openpi_server_config())
-        handshake.setdefault("action_horizon", info["action_horizon"])
-        handshake.setdefault("action_dim", action_dim)
+        handshake, extras = openpi.split_server_config(embodiment.openpi_server_config())
+        extras.setdefault("action_horizon", int(info["action_horizon"]))
+        extras.setdefault("action_dim", action_dim)
         return cls(
             config_name=info["config_name"],
             action_horizon=int(info["action_horizon"]),
@@ -41,7 +42,8 @@ class ModelInfo:
             max_state_dim=int(info["max_state_dim"]),
             default_seed=int(info["default_seed"]),
             num_inference_steps=int(info["num_inference_steps"]),
-            openpi_handshake=openpi.handshake_config(**handshake),
+            openpi_handshake=handshake,
+            openpi_extras=extras,
             max_batch_rows=info.get("max_batch_rows"),
             memory=info.get("memory"),
         )

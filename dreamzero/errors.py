@@ -17,6 +17,7 @@ from dreamzero_client.errors import (
     MissingDependency,
     NotReady,
     PayloadTooLarge,
+    RequestTimeout,
     Unauthorized,
     UnsupportedMediaType,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "MissingDependency",
     "NotReady",
     "PayloadTooLarge",
+    "RequestTimeout",
     "Unauthorized",
     "UnsupportedMediaType",
 ]

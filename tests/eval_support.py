@@ -54,7 +54,7 @@ class FakeOpenPIServer:
         self.stopped = threading.Event()
 
     def _handle(self, ws) -> None:
-        ws.send(openpi.pack_frame(openpi.handshake_config(action_horizon=24, action_dim=8)))
+        ws.send(openpi.pack_frame({**openpi.handshake_config(), "action_horizon": 24, "action_dim": 8}))
         try:
             for raw in ws:
                 msg, _ = openpi.unpack_frame(raw)

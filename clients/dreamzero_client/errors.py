@@ -55,6 +55,12 @@ class PayloadTooLarge(InvalidRequest):
     code = "payload_too_large"
 
 
+class RequestTimeout(InvalidRequest):
+    """The request body did not arrive within the server's bound. HTTP 408."""
+
+    code = "request_timeout"
+
+
 class Unauthorized(DreamZeroError):
     """Missing or wrong API key. HTTP 401."""
 

@@ -55,8 +55,14 @@ class OpenPILink:
     def _default_factory(self):
         from dreamzero_client.openpi_client import OpenPIClient
 
+        # resume: our server's extended handshake (it names the embodiment) and sessions that survive a reconnect;
+        # other servers ignore the query parameters
         return OpenPIClient(
-            self.url, api_key=self.api_key, timeout_s=self.timeout_s, max_reconnects=self.max_reconnects
+            self.url,
+            api_key=self.api_key,
+            timeout_s=self.timeout_s,
+            max_reconnects=self.max_reconnects,
+            resume=self.echo_continuity,
         )
 
     def open(self) -> dict:

@@ -9,8 +9,12 @@ DreamZero's own server, vllm-omni and openpi's `WebsocketPolicyServer`.
 Frames are binary msgpack with openpi's `__ndarray__` marker. Replies may be a bare array (DreamZero's server), a
 dict with "actions" (openpi, vllm-omni), an error frame ``{"type": "error", "message": ...}`` or a text frame (openpi
 sends tracebacks that way; DreamZero's server answers reset with the text "reset successful"). A closed connection is
-reopened (and the handshake re-read) up to `max_reconnects` times per call; note that the server starts the
-connection's sessions afresh then. Keepalive pings run in the background every `ping_interval_s`.
+reopened (and the handshake re-read) up to `max_reconnects` times per call. Against other servers that starts the
+connection's sessions afresh; with `resume=True` against ours the client asks for the extended handshake, keeps its
+resume token and each session's last `step` / `incarnation`, and a reopened connection continues the same sessions
+(the server checks the echo; a wrong one restarts the session, flagged in its report). Keepalive pings run in the
+background every `ping_interval_s`. The upgrade carries Serve's `x-request-timeout-seconds: 0`, so Serve's proxy
+`request_timeout_s` never ends the connection (docs/wire-protocol.md 7).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
@@ -38,6 +42,17 @@ from dreamzero_client.wire import openpi
 log = logging.getLogger("dreamzero.clients.openpi")
 
 MAX_MESSAGE_BYTES = 64 * 2**20  # same limit as the server side
+#: Serve's per-request override of its proxy's `request_timeout_s` (non-positive: no bound): a WebSocket is one
+#: request to the proxy, so without it the proxy ends the whole connection at that age
+SERVE_TIMEOUT_HEADER = "x-request-timeout-seconds"
+
+
+def with_query(uri: str, **params: str) -> str:
+    """`uri` with `params` added to (or replacing those of) its query string."""
+    parts = urlsplit(uri)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    query.update(params)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(query), ""))
 
 
 def build_uri(host: str, port: int | None = None, path: str = "/") -> str:
@@ -73,15 +88,30 @@ class OpenPIClient:
         ping_interval_s: float | None = 20.0,
         max_reconnects: int = 3,
         reconnect_backoff_s: float = 0.5,
+        resume: bool = False,
+        response_format: str | None = None,
     ):
+        """`resume`: continue sessions across reconnects (our server; others ignore the query parameters and
+        restart). `response_format`: "dict" / "array" as the connection's default infer reply (our server)."""
         if timeout_s <= 0 or max_reconnects < 0:
             raise ValueError("timeout_s must be > 0 and max_reconnects >= 0")
+        if response_format not in (None, *openpi.RESPONSE_FORMATS):
+            raise ValueError(f"response_format must be one of {openpi.RESPONSE_FORMATS} or None")
         self.uri = build_uri(host, port, path)
+        if resume:
+            self.uri = with_query(self.uri, **{openpi.QUERY_HANDSHAKE: "extended"})
+        if response_format is not None:
+            self.uri = with_query(self.uri, **{openpi.QUERY_RESPONSE_FORMAT: response_format})
+        self.resume = bool(resume)
+        self.resume_token: str | None = None
+        self._continuity: dict[str, tuple[int, str | None]] = {}  # session id -> (step, incarnation) last seen
         self.timeout_s = float(timeout_s)
         self.ping_interval_s = ping_interval_s
         self.max_reconnects = int(max_reconnects)
         self.reconnect_backoff_s = float(reconnect_backoff_s)
-        self._headers = {"Authorization": f"Api-Key {api_key}"} if api_key else {}
+        self._headers = {SERVE_TIMEOUT_HEADER: "0"}
+        if api_key:
+            self._headers["Authorization"] = f"Api-Key {api_key}"
         self._ws: ClientConnection | None = None
         self._metadata: dict = {}
         self.reconnects = 0  # connections reopened after the first
@@ -97,7 +127,12 @@ class OpenPIClient:
         """Send one observation; returns a dict that always holds "actions" (np.ndarray)."""
         if not isinstance(obs, dict):
             raise TypeError(f"obs must be a dict, got {type(obs).__name__}")
+        session_id = str(obs.get("session_id", openpi.OPENPI_DEFAULT_SESSION))
+        if self.resume:
+            obs = self._with_echo(obs, session_id)
         reply = self._call(obs)
+        if self.resume and isinstance(reply, dict):
+            self._remember(session_id, reply.get("session"))
         if isinstance(reply, str):
             raise PolicyServerError(reply.strip()[:4000] or "empty text frame", code="text_frame")
         if openpi.is_error_frame(reply):
@@ -114,6 +149,7 @@ class OpenPIClient:
 
     def reset(self, session_id: str | None = None) -> dict:
         """Ask the server to restart the connection's session(s); returns ``{"status": ...}``."""
+        self._continuity.pop(session_id or openpi.OPENPI_DEFAULT_SESSION, None)
         msg: dict[str, Any] = {"endpoint": "reset"}
         if session_id is not None:
             msg["session_id"] = session_id
@@ -141,12 +177,34 @@ class OpenPIClient:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # 2. Connection -----------------------------------------------------------------------------------------------
+    # 2. Resuming sessions ---------------------------------------------------------------------------------------
+
+    def _with_echo(self, obs: dict, session_id: str) -> dict:
+        """The message with the session's last step and incarnation (unless the caller set them) and the dict form,
+        which carries the session report the next echo comes from."""
+        out = dict(obs)
+        out.setdefault("response_format", "dict")
+        last = self._continuity.get(session_id)
+        if last is not None:
+            out.setdefault("expected_steps", [last[0]])
+            if last[1] is not None:
+                out.setdefault("expected_incarnations", [last[1]])
+        return out
+
+    def _remember(self, session_id: str, report: Any) -> None:
+        if isinstance(report, dict) and isinstance(report.get("step"), int):
+            inc = report.get("incarnation")
+            self._continuity[session_id] = (report["step"], inc if isinstance(inc, str) else None)
+
+    # 3. Connection -----------------------------------------------------------------------------------------------
 
     def _connect_once(self) -> None:
         host = urlsplit(self.uri).hostname
+        uri = self.uri
+        if self.resume and self.resume_token:
+            uri = with_query(uri, **{openpi.QUERY_RESUME: self.resume_token})
         ws = connect(
-            self.uri,
+            uri,
             additional_headers=self._headers,
             open_timeout=self.timeout_s,
             ping_interval=self.ping_interval_s,
@@ -176,6 +234,9 @@ class OpenPIClient:
             ws.close()
             raise ProtocolError(f"handshake must be a msgpack map, got {type(metadata).__name__}")
         self._ws, self._metadata = ws, metadata
+        token = metadata.get("resume_token")
+        if self.resume and isinstance(token, str):
+            self.resume_token = token
 
     def _connect_with_retries(self) -> None:
         last: Exception | None = None

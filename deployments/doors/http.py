@@ -7,6 +7,7 @@ is mounted on the same app (Serve gives an application one ASGI ingress), at its
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -17,7 +18,7 @@ from deployments.auth import check_api_key
 from deployments.error_replies import HANDLED_EXCEPTIONS, classify, reply_response
 from deployments.graph_runner import GraphRunner
 from deployments.settings import IngressSettings
-from dreamzero.errors import DreamZeroError, PayloadTooLarge
+from dreamzero.errors import DreamZeroError, PayloadTooLarge, RequestTimeout
 from dreamzero_client.wire import codec, generations, replies, routes
 
 #: liveness of the front door alone (openpi's check); /health also asks every deployment
@@ -41,11 +42,22 @@ class HttpDoor:
 
     # 1. POST /v1/actions/generations ------------------------------------------------------------------------------
     async def read_body(self, request: Request) -> bytes:
-        """The body, refused with 413 as soon as it passes the limit (before it is all in memory)."""
+        """The body, refused with 413 as soon as it passes the limit (before it is all in memory), and with 408 when
+        it has not all arrived within `http.request_timeout_s` (the door's bound: Serve's proxy timeout is off, since
+        it would also end every WebSocket connection at that age)."""
         limit = self.settings.http.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLarge(f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes")
+        bound = self.settings.http.request_timeout_s
+        try:
+            return await asyncio.wait_for(self._read_chunks(request, limit), bound)
+        except asyncio.TimeoutError:
+            message = f"the request body did not arrive within {bound:g} s (http.request_timeout_s)"
+            raise RequestTimeout(message) from None
+
+    @staticmethod
+    async def _read_chunks(request: Request, limit: int) -> bytes:
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
@@ -103,7 +115,7 @@ class HttpDoor:
                 "output_format": "numpy",
                 "num_inference_steps": info.num_inference_steps,
             },
-            "openpi": info.openpi_handshake,
+            "openpi": info.openpi_handshake,  # the WebSocket handshake; `?handshake=extended` adds the rest
         }
 
     async def models(self) -> dict:
@@ -180,8 +192,8 @@ def build_fastapi_app(door: HttpDoor, websocket: Any = None) -> FastAPI:
         async def openpi_ws(ws: WebSocket) -> None:
             await websocket.serve(ws)
 
-        @app.websocket("/")  # openpi-client connects to the server root
+        @app.websocket("/")  # openpi-client and DreamZero's own client connect to the server root
         async def openpi_ws_root(ws: WebSocket) -> None:
-            await websocket.serve(ws)
+            await websocket.serve(ws, reset_text=True)  # DreamZero's server answers reset with text there
 
     return app

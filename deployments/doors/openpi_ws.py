@@ -3,13 +3,17 @@
 One `OpenPISocketServer` per ingress replica serves every connection (mounted on the HTTP door's app). Sessions are
 per connection (their ids are namespaced by a connection id), camera frames are buffered per session, and the door
 remembers each session's last step and incarnation and sends them back with the next request, as an HTTP client
-does, so stale state left on a replica is never reused silently. Protocol: docs/wire-protocol.md, "OpenPI WebSocket".
+does, so stale state left on a replica is never reused silently. A client that asked for the extended handshake gets
+its connection id as a resume token: a later connection presenting it continues the same sessions (their state stays
+on the replica, evicted by the session TTL, instead of being dropped at close). Protocol: docs/wire-protocol.md,
+"OpenPI WebSocket".
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
 from collections import deque
 from collections.abc import Mapping
@@ -34,6 +38,40 @@ log = logging.getLogger("dreamzero.serve.openpi")
 WS_STACK_FRAMES = 4
 #: close codes (RFC 6455)
 WS_NORMAL, WS_POLICY_VIOLATION, WS_TOO_BIG = 1000, 1008, 1009
+#: a resume token is a connection id: 32 hex digits (uuid4), not guessable
+_TOKEN = re.compile(r"^[0-9a-f]{32}$")
+
+
+@dataclass(frozen=True)
+class ConnectionOptions:
+    """What a client asked for in the URL's query string (all opt-in; docs/wire-protocol.md 7)."""
+
+    extended_handshake: bool = False
+    default_dict: bool = False
+    resume_token: str | None = None
+
+    @classmethod
+    def from_query(cls, query: Mapping[str, str]) -> ConnectionOptions:
+        """Raises InvalidObservation naming the bad parameter."""
+        handshake = query.get(openpi.QUERY_HANDSHAKE, "plain")
+        if handshake not in openpi.HANDSHAKE_FORMATS:
+            raise InvalidObservation(
+                f"query parameter 'handshake' must be one of {list(openpi.HANDSHAKE_FORMATS)}, got {handshake[:64]!r}",
+                field=openpi.QUERY_HANDSHAKE,
+            )
+        fmt = query.get(openpi.QUERY_RESPONSE_FORMAT, "array")
+        if fmt not in openpi.RESPONSE_FORMATS:
+            raise InvalidObservation(
+                f"query parameter 'response_format' must be one of {list(openpi.RESPONSE_FORMATS)}, got {fmt[:64]!r}",
+                field=openpi.QUERY_RESPONSE_FORMAT,
+            )
+        token = query.get(openpi.QUERY_RESUME)
+        if token is not None and not _TOKEN.match(token):
+            raise InvalidObservation(
+                "query parameter 'resume' must be the resume_token of an earlier connection's extended handshake",
+                field=openpi.QUERY_RESUME,
+            )
+        return cls(handshake == "extended", fmt == "dict", token)
 
 
 @dataclass
@@ -45,7 +83,7 @@ class WsSession:
     buffers: dict[str, deque] = field(default_factory=dict)
     last_step: int | None = None
     last_incarnation: str | None = None
-    reset_next: bool = True  # the first infer of a session starts it fresh
+    reset_next: bool = True  # the first infer of a session starts it fresh (not on a resumed connection)
 
     def restart(self) -> None:
         self.buffers.clear()
@@ -121,12 +159,25 @@ class OpenPISocketServer:
 
     def __init__(self, runner: GraphRunner, settings: IngressSettings):
         self.runner, self.limits, self.api_key = runner, settings.http, settings.api_key
+        self.model_name = settings.model_name
         self.metrics = runner.metrics
         self.key_map: dict[str, str] = openpi_key_map(runner.embodiment)
         self.open_connections = 0
 
-    async def handshake(self) -> dict:
-        return (await self.runner.model_info()).openpi_handshake
+    async def handshake(self, options: ConnectionOptions | None = None, token: str | None = None) -> dict:
+        """The six reference keys; on `handshake=extended` also what else a client may want, and the resume token."""
+        info = await self.runner.model_info()
+        if options is None or not options.extended_handshake:
+            return dict(info.openpi_handshake)
+        return {
+            **info.openpi_handshake,
+            **info.openpi_extras,
+            "embodiment": self.runner.embodiment.tag,
+            "model": self.model_name,
+            "config": info.config_name,
+            "response_formats": list(openpi.RESPONSE_FORMATS),
+            "resume_token": token,
+        }
 
     async def drop_session(self, model_id: str) -> None:
         """Free a connection's session on its replica; a failure is only logged (the store evicts it anyway)."""
@@ -135,20 +186,31 @@ class OpenPISocketServer:
         except Exception as exc:  # noqa: BLE001 - the replica may be gone
             log.warning("could not drop session %s: %s", model_id, type(exc).__name__)
 
-    async def serve(self, ws: WebSocket) -> None:
-        """One connection: auth at the handshake, the config frame, then one reply per message until it ends."""
+    async def serve(self, ws: WebSocket, reset_text: bool = False) -> None:
+        """One connection: auth at the handshake, the config frame, then one reply per message until it ends.
+
+        `reset_text`: answer reset with the text frame "reset successful" (DreamZero's server, at `/`) instead of
+        msgpack ``{"status": "reset successful"}`` (vLLM-Omni's, at `/v1/realtime/robot/openpi`).
+        """
         try:
             check_api_key(self.api_key, ws.headers.get("authorization"))
         except Unauthorized:
             await ws.close(code=WS_POLICY_VIOLATION, reason="missing or wrong API key")
             return
         await ws.accept()
-        conn_id = uuid.uuid4().hex[:12]
+        try:
+            options = ConnectionOptions.from_query(ws.query_params)
+        except InvalidObservation as err:
+            await ws.send_bytes(openpi.pack_frame(ws_error_frame(err)))
+            await ws.close(code=WS_POLICY_VIOLATION, reason=str(err)[:120])
+            return
+        conn_id = options.resume_token or uuid.uuid4().hex
+        resumable = options.extended_handshake or options.resume_token is not None
         session: WsSession | None = None
         self.open_connections += 1
         self.metrics.ws_connections.set(self.open_connections)
         try:
-            await ws.send_bytes(openpi.pack_frame(await self.handshake()))
+            await ws.send_bytes(openpi.pack_frame(await self.handshake(options, conn_id)))
             while True:
                 try:
                     message = await asyncio.wait_for(ws.receive(), self.limits.ws_idle_timeout_s)
@@ -165,14 +227,17 @@ class OpenPISocketServer:
                     await ws.send_bytes(openpi.pack_frame(ws_error_frame(err)))
                     await ws.close(code=WS_TOO_BIG, reason="message too big")
                     return
-                reply, session = await self.message(data, conn_id, session)
-                await ws.send_bytes(reply)
+                reply, session = await self.message(data, conn_id, session, options, reset_text)
+                if isinstance(reply, str):
+                    await ws.send_text(reply)
+                else:
+                    await ws.send_bytes(reply)
         except WebSocketDisconnect:
             pass
         finally:
             self.open_connections -= 1
             self.metrics.ws_connections.set(self.open_connections)
-            if session is not None:
+            if session is not None and not resumable:  # a resumable session waits for its client (or the TTL)
                 await self.drop_session(session.model_id)
             if ws.application_state == WebSocketState.CONNECTED and ws.client_state == WebSocketState.CONNECTED:
                 try:
@@ -181,22 +246,32 @@ class OpenPISocketServer:
                     pass
 
     async def message(
-        self, data: bytes | str | None, conn_id: str, session: WsSession | None
-    ) -> tuple[bytes, WsSession | None]:
-        """Handle one frame -> (reply frame, the connection's session); errors become an error frame (the socket
-        stays open)."""
+        self,
+        data: bytes | str | None,
+        conn_id: str,
+        session: WsSession | None,
+        options: ConnectionOptions | None = None,
+        reset_text: bool = False,
+    ) -> tuple[bytes | str, WsSession | None]:
+        """Handle one frame -> (reply frame: bytes, or the reset text; the connection's session); errors become an
+        error frame (the socket stays open)."""
+        options = options or ConnectionOptions()
         flavour = codec.OPENPI
         try:
             if data is None:
                 raise InvalidRequest("empty frame; send a binary msgpack map")
             msg, flavour = openpi.unpack_frame(data)
-            req = openpi.parse_openpi_request(msg, flavour)
+            req = openpi.parse_openpi_request(msg, flavour, options.default_dict)
             if session is None or session.session_id != req.session_id:
                 if session is not None:
                     await self.drop_session(session.model_id)  # a new session id restarts: free the old state
                 session = WsSession(req.session_id, ws_session_id(conn_id, req.session_id))
+                if options.resume_token is not None:
+                    session.reset_next = False  # continue what the earlier connection left on the replica
             if req.endpoint == "reset":
                 session.restart()
+                if reset_text:
+                    return openpi.RESET_TEXT, session
                 return openpi.pack_frame(openpi.OPENPI_RESET_REPLY, flavour), session
             reply = await self.runner.run(to_generation_request(req, session, self.key_map))
             report = reply.sessions[0]

@@ -123,7 +123,8 @@ def test_http_client_typed_errors_on_4xx(front_door):
 
 def test_openpi_client_episode_with_reset(front_door):
     port = front_door.rsplit(":", 1)[1]
-    with OpenPIClient(f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi", api_key=API_KEY, timeout_s=120) as client:
+    url = f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi"
+    with OpenPIClient(url, api_key=API_KEY, timeout_s=120, response_format="dict") as client:
         meta = client.get_server_metadata()
         assert meta["image_resolution"] == [180, 320] and meta["needs_session_id"] is True
         assert meta["action_space"] == "joint_position"

@@ -406,7 +406,7 @@ def test_malformed_frame(front_door, name, frame, code, field):
 def test_websocket_still_infers_after_the_corpus(front_door, http):
     with _ws(front_door) as ws:
         decode(ws.recv(timeout=60))
-        ws.send(mp(openpi_droid_observation(1, "after-ws-corpus")))
+        ws.send(mp({**openpi_droid_observation(1, "after-ws-corpus"), "response_format": "dict"}))
         reply = decode(ws.recv(timeout=180))
         assert reply["actions"].shape == (24, 8) and reply["session"]["step"] == 1, reply
     assert http.get(front_door + "/health").status_code == 200

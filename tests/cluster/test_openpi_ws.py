@@ -78,7 +78,7 @@ def test_session_flow_handshake_infer_reset_errors(front_door):
             hello = await recv(ws)
             assert hello["image_resolution"] == [180, 320] and hello["n_external_cameras"] == 2
             assert hello["needs_wrist_camera"] is True and hello["needs_session_id"] is True
-            assert hello["action_space"] == "joint_position" and hello["action_horizon"] == 24
+            assert hello["action_space"] == "joint_position" and len(hello) == 6  # the reference keys, no more
 
             # 1. first infer: one frame per camera; DreamZero-style (endpoint sent) -> bare (24, 8) array
             await ws.send(
@@ -87,8 +87,9 @@ def test_session_flow_handshake_infer_reset_errors(front_door):
             actions = await recv(ws)
             assert isinstance(actions, np.ndarray) and actions.dtype == np.float32 and actions.shape == (24, 8)
 
-            # 2. a 4-frame stack, openpi-style (no endpoint) -> {"actions": ...} with the session report
-            await ws.send(pack({"session_id": "ep1", "prompt": "pick up the cup", **droid_frame(t=4, seed=1)}))
+            # 2. a 4-frame stack, no endpoint, the dict form asked for -> {"actions": ...} with the session report
+            dict_form = {"session_id": "ep1", "prompt": "pick up the cup", "response_format": "dict"}
+            await ws.send(pack({**dict_form, **droid_frame(t=4, seed=1)}))
             reply = await recv(ws)
             assert reply["actions"].shape == (24, 8)
             assert reply["session"]["step"] == 2 and reply["session"]["restarted"] is False
@@ -104,14 +105,14 @@ def test_session_flow_handshake_infer_reset_errors(front_door):
             assert err["type"] == "error" and "observation/" in err["message"]
 
             # 4. the socket still serves: a single frame after the first call goes through the frame buffer (4 frames)
-            await ws.send(pack({"session_id": "ep1", "prompt": "pick up the cup", **droid_frame(seed=2)}))
+            await ws.send(pack({**dict_form, **droid_frame(seed=2)}))
             reply = await recv(ws)
             assert reply["session"]["step"] == 3 and reply["session"]["restarted"] is False
 
             # 5. reset -> the next infer restarts the session
             await ws.send(pack({"endpoint": "reset"}))
             assert await recv(ws) == {"status": "reset successful"}
-            await ws.send(pack({"session_id": "ep1", "prompt": "pick up the cup", **droid_frame(seed=3)}))
+            await ws.send(pack({**dict_form, **droid_frame(seed=3)}))
             reply = await recv(ws)
             assert reply["session"]["restarted"] is True and reply["session"]["step"] == 1
 

@@ -46,7 +46,8 @@ def test_serve_run_serves_the_shipped_config(tmp_path, front_door):
             assert out["sessions"][0]["restart_reason"] == "new_session"
             bad = client.post(base + "/v1/actions/generations", content=b"{not json", headers=JSON)
             assert bad.status_code == 400 and "traceback" not in bad.text.lower(), bad.text[:300]
-        with OpenPIClient(f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi", timeout_s=REQUEST_TIMEOUT_S) as ws:
+        ws_url = f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi"
+        with OpenPIClient(ws_url, timeout_s=REQUEST_TIMEOUT_S, response_format="dict") as ws:
             assert ws.get_server_metadata()["needs_session_id"] is True
             steps = [ws.infer(openpi_droid_observation(i, "e2e-ws"))["session"]["step"] for i in range(2)]
             assert steps == [1, 2]

@@ -23,7 +23,7 @@ from dreamzero_client.openpi_client import OpenPIClient, build_uri
 from dreamzero_client.wire import openpi
 
 ACTIONS = np.arange(24 * 8, dtype=np.float32).reshape(24, 8)
-HANDSHAKE = openpi.handshake_config(action_horizon=24, action_dim=8)
+HANDSHAKE = {**openpi.handshake_config(), "action_horizon": 24, "action_dim": 8}
 
 
 class FakeOpenPIServer:
@@ -39,16 +39,19 @@ class FakeOpenPIServer:
         self.connections = 0
         self.received: list = []
         self.headers: list[Headers] = []
+        self.paths: list[str] = []
 
         def process_request(conn, request):
             self.headers.append(request.headers)
+            self.paths.append(request.path)
             if self.api_key and request.headers.get("Authorization") != f"Api-Key {self.api_key}":
                 return Response(401, "Unauthorized", Headers([("Content-Length", "11")]), b"bad api key")
             return None
 
         def handler(ws):
             self.connections += 1
-            ws.send(openpi.pack_frame(dict(HANDSHAKE, connection=self.connections)))
+            extra = {"resume_token": "ab" * 16} if "handshake=extended" in ws.request.path else {}
+            ws.send(openpi.pack_frame(dict(HANDSHAKE, connection=self.connections, **extra)))
             for raw in ws:
                 msg, _ = openpi.unpack_frame(raw)
                 self.received.append(msg)
@@ -67,7 +70,9 @@ class FakeOpenPIServer:
                 if self.mode == "array":
                     ws.send(openpi.pack_frame(openpi.infer_reply(ACTIONS, as_dict=False)))
                 elif self.mode == "dict":
-                    ws.send(openpi.pack_frame(openpi.infer_reply(ACTIONS, as_dict=True, extra={"server_ms": 3})))
+                    report = {"step": len(self.received), "incarnation": "inc-1"}
+                    extra = {"server_ms": 3, "session": report}
+                    ws.send(openpi.pack_frame(openpi.infer_reply(ACTIONS, as_dict=True, extra=extra)))
                 elif self.mode == "list":
                     ws.send(msgpack.packb(ACTIONS.tolist()))
                 elif self.mode == "text":
@@ -168,6 +173,26 @@ def test_reconnects_after_server_closes_and_rereads_handshake(server):
         assert out["actions"].shape == (24, 8)
         assert policy.reconnects == 1 and server.connections == 2
         assert policy.get_server_metadata()["connection"] == 2
+
+
+def test_resume_reconnects_with_the_token_and_echoes_the_last_step(server):
+    with _client(server, resume=True) as policy:
+        assert policy.get_server_metadata()["resume_token"] == "ab" * 16
+        policy.infer(_obs(session_id="arm"))
+        server.mode = "close_once"
+        policy.infer(_obs(session_id="arm"))  # the socket closes; the client reopens it with its token and resends
+    assert server.paths[0] == "/?handshake=extended" and server.paths[1] == f"/?handshake=extended&resume={'ab' * 16}"
+    first, lost, resent = server.received
+    assert "expected_steps" not in first and first["response_format"] == "dict"
+    assert lost["expected_steps"] == resent["expected_steps"] == [1] and resent["expected_incarnations"] == ["inc-1"]
+    assert server.headers[0]["x-request-timeout-seconds"] == "0"  # Serve's proxy timeout never ends the socket
+
+
+def test_a_plain_client_adds_no_query_and_no_echo(server):
+    with _client(server) as policy:
+        policy.infer(_obs())
+        policy.infer(_obs())
+    assert server.paths == ["/"] and "expected_steps" not in server.received[1]
 
 
 def test_server_gone_raises_unavailable_after_bounded_reconnects():

@@ -266,12 +266,17 @@ def _droid_msg(**extra):
 def test_openpi_infer_frame_and_reply_shape_choice():
     msg, flavour = openpi.unpack_frame(openpi.pack_frame(_droid_msg(session_id="ep1", seed=7)))
     req = openpi.parse_openpi_request(msg, flavour)
-    assert (req.endpoint, req.session_id, req.seed, req.reply_as_dict) == ("infer", "ep1", 7, True)
+    # no endpoint = infer, answered with the bare array as both DreamZero reference servers do
+    assert (req.endpoint, req.session_id, req.seed, req.reply_as_dict) == ("infer", "ep1", 7, False)
+    assert openpi.parse_openpi_request(msg, flavour, default_dict=True).reply_as_dict is True  # ?response_format=dict
     assert set(req.observation) == {"observation/exterior_image_0_left", "observation/joint_position"}
     assert openpi.OPENPI_DROID_KEY_MAP["observation/exterior_image_0_left"] == "video.exterior_image_1_left"
-    # DreamZero's own client sends `endpoint` and expects the bare array
     assert openpi.parse_openpi_request(_droid_msg(endpoint="infer")).reply_as_dict is False
     assert openpi.parse_openpi_request(_droid_msg(endpoint="infer", response_format="dict")).reply_as_dict is True
+    as_array = openpi.parse_openpi_request(_droid_msg(response_format="array"), default_dict=True)
+    assert as_array.reply_as_dict is False  # the message's own key wins over the connection's default
+    with pytest.raises(InvalidObservation, match="response_format"):
+        openpi.parse_openpi_request(_droid_msg(response_format="json"))
     assert openpi.parse_openpi_request(_droid_msg()).session_id == "default"
     reply = openpi.infer_reply(np.zeros((24, 8)), as_dict=False)
     assert reply.dtype == np.float32 and reply.shape == (24, 8)
@@ -294,12 +299,14 @@ def test_openpi_reset_and_errors():
 
 
 def test_handshake_and_error_frame():
-    cfg = openpi.handshake_config(action_horizon=24, action_dim=8)
+    cfg = openpi.handshake_config()
     assert cfg == {
         "image_resolution": [180, 320], "n_external_cameras": 2, "needs_wrist_camera": True,
         "needs_stereo_camera": False, "needs_session_id": True, "action_space": "joint_position",
-        "action_horizon": 24, "action_dim": 8,
     }  # fmt: skip
+    assert tuple(cfg) == openpi.HANDSHAKE_KEYS
+    plain, extras = openpi.split_server_config({**cfg, "action_horizon": 24, "embodiment": "franka_pnp"})
+    assert plain == cfg and extras == {"action_horizon": 24, "embodiment": "franka_pnp"}
     frame = openpi.error_frame("Invalid request payload", code="invalid_request")
     back, _ = openpi.unpack_frame(openpi.pack_frame(frame))
     assert openpi.is_error_frame(back) and back["message"] == "Invalid request payload"

@@ -24,7 +24,9 @@ OPENPI_CONTROL_KEYS = (
 )  # fmt: skip
 OPENPI_ENDPOINTS = ("infer", "reset")
 OPENPI_DEFAULT_SESSION = "default"
-OPENPI_RESET_REPLY = {"status": "reset successful"}
+#: DreamZero's server answers reset with this text frame; vLLM-Omni with `{"status": <it>}` in msgpack
+RESET_TEXT = "reset successful"
+OPENPI_RESET_REPLY = {"status": RESET_TEXT}
 _TEXT_KEY = re.compile(r"^[\w./:-]{1,128}$")
 
 
@@ -41,6 +43,21 @@ def unpack_frame(data: bytes | str, max_bytes: int | None = None) -> tuple[Any, 
     return codec.decode_msgpack(data)
 
 
+#: the keys of the reference `PolicyServerConfig` (DreamZero's and vLLM-Omni's servers send exactly these): clients
+#: build a dataclass from the handshake, so the plain handshake holds these and nothing else
+HANDSHAKE_KEYS = (
+    "image_resolution", "needs_wrist_camera", "n_external_cameras", "needs_stereo_camera", "needs_session_id",
+    "action_space",
+)  # fmt: skip
+#: query parameters a client may add to the WebSocket URL (all opt-in; other servers ignore a query string):
+#: `handshake=extended` adds what else the server knows to the handshake frame (horizon, dims, model, embodiment,
+#: options, a resume token), `response_format=dict|array` sets the connection's default infer reply shape, and
+#: `resume=<token>` continues the sessions of an earlier connection
+QUERY_HANDSHAKE, QUERY_RESPONSE_FORMAT, QUERY_RESUME = "handshake", "response_format", "resume"
+HANDSHAKE_FORMATS = ("plain", "extended")
+RESPONSE_FORMATS = ("array", "dict")
+
+
 def handshake_config(
     image_resolution: tuple[int, int] = (180, 320),
     n_external_cameras: int = 2,
@@ -48,25 +65,23 @@ def handshake_config(
     needs_stereo_camera: bool = False,
     needs_session_id: bool = True,
     action_space: str = "joint_position",
-    action_horizon: int | None = None,
-    action_dim: int | None = None,
-    **extra: Any,
 ) -> dict:
-    """The policy server config sent as the first frame of every connection (DROID defaults)."""
-    cfg: dict[str, Any] = {
+    """The policy server config sent as the first frame of every connection (DROID defaults): exactly the six
+    reference keys, so `PolicyServerConfig(**handshake)` works."""
+    return {
         "image_resolution": [int(image_resolution[0]), int(image_resolution[1])],
-        "n_external_cameras": int(n_external_cameras),
         "needs_wrist_camera": bool(needs_wrist_camera),
+        "n_external_cameras": int(n_external_cameras),
         "needs_stereo_camera": bool(needs_stereo_camera),
         "needs_session_id": bool(needs_session_id),
         "action_space": action_space,
     }
-    if action_horizon is not None:
-        cfg["action_horizon"] = int(action_horizon)
-    if action_dim is not None:
-        cfg["action_dim"] = int(action_dim)
-    cfg.update(extra)
-    return cfg
+
+
+def split_server_config(cfg: Mapping[str, Any]) -> tuple[dict, dict]:
+    """An embodiment's server config -> (the six-key handshake, everything else: served on opt-in only)."""
+    handshake = handshake_config(**{k: cfg[k] for k in HANDSHAKE_KEYS if k in cfg})
+    return handshake, {k: v for k, v in cfg.items() if k not in HANDSHAKE_KEYS}
 
 
 @dataclass
@@ -76,7 +91,7 @@ class OpenPIRequest:
     prompt: str | None
     seed: int | None
     observation: dict[str, np.ndarray]  # every non-control key, as sent (e.g. "observation/joint_position")
-    reply_as_dict: bool  # {"actions": ...} (openpi clients) vs the bare array (DreamZero's own client)
+    reply_as_dict: bool  # {"actions": ...} on opt-in vs the bare array (what DreamZero's and vLLM-Omni's clients read)
     flavour: str = codec.OPENPI
     expected_step: int | None = None  # `step` of the session's last reply, echoed by the client
     expected_incarnation: str | None = None  # `incarnation` of the session's last reply, echoed by the client
@@ -86,11 +101,11 @@ class OpenPIRequest:
     return_video: bool = False  # the reply (then a dict) also carries "video": uint8 [T, H, W, 3] predicted frames
 
 
-def parse_openpi_request(msg: Any, flavour: str = codec.OPENPI) -> OpenPIRequest:
+def parse_openpi_request(msg: Any, flavour: str = codec.OPENPI, default_dict: bool = False) -> OpenPIRequest:
     """Validate a decoded OpenPI message. A missing `endpoint` means infer.
 
-    Reply shape: explicit ``response_format: "dict" | "array"``; else DreamZero's own client (which sends
-    `endpoint`) gets the bare array and openpi's `WebsocketClientPolicy` (which does not) gets a dict.
+    Reply shape: the message's ``response_format: "dict" | "array"``; else `default_dict` (the connection's
+    `?response_format=`), else the bare array, as both DreamZero reference servers answer.
     """
     if not isinstance(msg, Mapping):
         raise InvalidRequest(f"an OpenPI message must be a msgpack map, got {f.type_name(msg)}")
@@ -103,9 +118,9 @@ def parse_openpi_request(msg: Any, flavour: str = codec.OPENPI) -> OpenPIRequest
         raise InvalidObservation(f"'prompt' must be a string, got {f.type_name(prompt)}", field="prompt")
     seed = None if msg.get("seed") is None else f.int_in(msg["seed"], "seed", 0, f.MAX_SEED)
     if "response_format" in msg:
-        reply_as_dict = f.choice(msg["response_format"], "response_format", ("dict", "array")) == "dict"
+        reply_as_dict = f.choice(msg["response_format"], "response_format", RESPONSE_FORMATS) == "dict"
     else:
-        reply_as_dict = "endpoint" not in msg
+        reply_as_dict = default_dict
     observation = {}
     for k, v in msg.items():
         if k in OPENPI_CONTROL_KEYS:
