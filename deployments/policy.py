@@ -29,7 +29,7 @@ from deployments.metrics import serving_metrics
 from deployments.routing import STATS_KEYS, STATS_SESSIONS, HeldKeys
 from deployments.sections import ReplayArgs
 from deployments.settings import EmbodimentSource, PolicySettings
-from dreamzero.errors import CapacityError, InvalidRequest, NotReady, PayloadTooLarge
+from dreamzero.errors import CapacityError, ConfigError, InvalidRequest, NotReady, PayloadTooLarge
 from dreamzero.types import ChunkResult, ModelBatch
 
 log = logging.getLogger("dreamzero.serve.policy")
@@ -107,6 +107,22 @@ def rows_without_device(rows_spec: int | str | None, max_sessions: int) -> int:
     return int(rows_spec or max_sessions)
 
 
+def video_recorder(settings: PolicySettings):
+    """The replica's `VideoRecorder` when `video.save_dir` is set, else None."""
+    v = settings.video
+    if v.save_dir is None:
+        return None
+    try:
+        import imageio_ffmpeg  # noqa: F401 - the MP4 encoder the recorder runs
+    except ImportError:
+        raise ConfigError(
+            "video.save_dir needs imageio-ffmpeg on the policy replicas: pip install 'dreamzero-serve[video]'"
+        ) from None
+    from dreamzero.video_recorder import VideoRecorder
+
+    return VideoRecorder(v.save_dir, v.every_n_chunks, v.max_bytes, v.with_input, v.fps, v.idle_s)
+
+
 def _replica_name() -> str | None:
     """This replica's id, or None outside a Serve replica (in-process use, local testing mode)."""
     try:
@@ -146,6 +162,7 @@ class PolicyDeployment:
         replica = _replica_name()
         self.replica = replica or f"local-{uuid.uuid4().hex[:8]}"
         self.return_latents = s.return_latents
+        self.recorder = video_recorder(s) if s.replay is None else None  # `video.save_dir`; None: off
         self.metrics = serving_metrics()
         # The pipeline is not thread-safe: every model / session-store call goes through this one thread, which also
         # keeps the replica's event loop free to accept (and batch) requests while a chunk computes.
@@ -215,7 +232,7 @@ class PolicyDeployment:
                 try:
                     merged = merge_batches(group, default_seed)
                     t0 = time.perf_counter()
-                    result = self._run_model(merged)
+                    result = self._run_model(merged) if self.recorder is None else self._run_recorded(merged)
                     result.timings_ms = {**result.timings_ms, "model_call": (time.perf_counter() - t0) * 1000.0}
                     for i, out in zip(members, split_result(result, [len(b) for b in group])):
                         outcomes[i] = _Outcome(PolicyOutput(out, self.replica, len(group)))
@@ -255,10 +272,27 @@ class PolicyDeployment:
             return self.pipeline.generate(batch, return_latents=True)
         return self.pipeline.generate(batch)
 
+    def _run_recorded(self, batch: ModelBatch) -> ChunkResult:
+        """`video.save_dir`: every row's frames are decoded for the recorder; the reply keeps only those asked for."""
+        asked = batch.return_video
+        batch.return_video = [True] * len(batch)
+        try:
+            result = self._run_model(batch)
+        finally:
+            batch.return_video = asked
+        for i, (report, frames) in enumerate(zip(result.sessions, result.video or ())):
+            self.recorder.add(report.session_id, report.incarnation, frames, batch.images[i])
+        keep = asked or [False] * len(batch)
+        video = [v if k else None for v, k in zip(result.video or (), keep)]
+        result.video = video if any(keep) else None
+        return result
+
     # --- session control --------------------------------------------------------------------------------------
     async def drop_sessions(self, session_ids: list[str]) -> int:
         """Free sessions (a WebSocket connection closed); unknown ids are ignored."""
         await self._on_model_thread(self.pipeline.drop_sessions, list(session_ids))
+        if self.recorder is not None:
+            self.recorder.end(session_ids)  # a closed connection's session: its segment is written now
         self._update_session_gauges()
         return len(session_ids)
 

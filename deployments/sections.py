@@ -248,3 +248,33 @@ class ZmqArgs(Strict):
     max_in_flight: int = Field(256, ge=1, description="Requests in flight at once; more get an error reply.")
     allow_kill: bool = Field(False, description="Let the `kill` endpoint close the door (refused when false).")
     num_cpus: float = Field(0.0, ge=0, description="CPUs reserved for the door's replica.")
+
+
+class VideoArgs(Strict):
+    """Server-side recording of the predicted video (dreamzero.video_recorder); off while `save_dir` is null."""
+
+    save_dir: str | None = Field(
+        None,
+        description="Folder of the MP4s (one folder per session, a file per segment); null: nothing is decoded or "
+        "written for recording (a request can still ask for its own frames with return_video).",
+    )
+    every_n_chunks: int = Field(10, ge=1, description="A session's segment is written every this many chunks.")
+    max_bytes: int | str = Field(
+        "2GiB", description="Disk the recordings may take (a count or a size like '500MiB'); oldest deleted first."
+    )
+    with_input: bool = Field(
+        False, description="Put the model-input canvas that followed each chunk beside its predicted frames."
+    )
+    fps: int = Field(15, ge=1, le=120, description="Frame rate of the MP4s.")
+    idle_s: float = Field(300.0, gt=0, description="A session idle this long has its segment written.")
+
+    @field_validator("max_bytes")
+    @classmethod
+    def _size(cls, v: int | str) -> int:
+        try:
+            n = parse_bytes(v, "video.max_bytes")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"max_bytes must be a positive size, got {v!r}")
+        return n

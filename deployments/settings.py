@@ -21,6 +21,7 @@ from deployments.sections import (
     ReplayArgs,
     SessionArgs,
     Strict,
+    VideoArgs,
     ZmqArgs,
 )
 
@@ -84,4 +85,5 @@ class PolicySettings(Strict):
     replay: ReplayArgs | None = Field(None, description="Recorded actions instead of a model.")
     embodiment: EmbodimentSource = Field(default_factory=EmbodimentSource)
     return_latents: bool = False
+    video: VideoArgs = Field(default_factory=VideoArgs, description="Recording of the predicted video.")
     retry_after_s: float = Field(1.0, gt=0, description="Retry-After of a capacity refusal without a better hint.")

@@ -157,6 +157,7 @@ def policy_settings(cfg: AppArgs, model: ResolvedModel) -> PolicySettings:
         replay=cfg.policy.replay,
         embodiment=embodiment_source(model),
         return_latents=cfg.return_latents,
+        video=cfg.video,
         retry_after_s=cfg.http.retry_after_s,
     )
 

@@ -23,6 +23,7 @@ from deployments.sections import (
     PreprocessArgs,
     SessionArgs,
     Strict,
+    VideoArgs,
     ZmqArgs,
     existing_path,
 )
@@ -94,6 +95,9 @@ class AppArgs(Strict):
     batching: BatchingArgs = Field(default_factory=BatchingArgs, description="Dynamic batching.")
     http: HttpArgs = Field(default_factory=HttpArgs, description="HTTP / WebSocket limits.")
     zmq: ZmqArgs | None = Field(None, description="ZeroMQ front door (RLDX-1 clients); null: off.")
+    video: VideoArgs = Field(
+        default_factory=VideoArgs, description="Server-side MP4s of each session's predicted video; off by default."
+    )
 
     @field_validator("model_path")
     @classmethod
