@@ -108,6 +108,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--cpu-threads", type=int, default=None, help="torch CPU threads (of each worker; default: torch's choice)"
     )
+    p.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="train LoRA adapters of this rank on the DiT's attention and FFN projections, the rest frozen "
+        "(checkpoints hold the adapters; the ship step merges them); 0: full fine-tune",
+    )
+    p.add_argument("--lora-alpha", type=float, default=None, help="LoRA scale alpha / rank (default: alpha = rank)")
     p.add_argument("--no-resume", action="store_true", help="start fresh even if --out holds a checkpoint")
     return p
 
@@ -153,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         dtype=args.dtype, log_every=args.log_every, save_every=args.save_every, max_episodes=args.max_episodes,
         action_loss_weight=args.action_loss_weight, start_stride=args.start_stride,
         cache_encodings=args.cache_encodings, stop_at=args.stop_at, action_bounds=args.action_bounds,
-        state_noise=args.state_noise, micro_batch_size=args.micro_batch_size,
+        state_noise=args.state_noise, micro_batch_size=args.micro_batch_size, lora_rank=args.lora_rank,
+        lora_alpha=args.lora_alpha,
     )  # fmt: skip
     if args.num_workers > 1:
         from dreamzero.train.distributed import run_distributed

@@ -87,20 +87,32 @@ def ship_checkpoint(
 ) -> Path:
     """Copy `checkpoint` to `<dest_root>/<name>/` (replacing an older copy); returns the new folder. `pipeline`:
     inference-loop overrides written into the shipped config.json (e.g. {"sigma_shift": 12.0})."""
+    import tempfile
+
+    from dreamzero.train.lora import ADAPTER_CONFIG, write_merged
+
     src = Path(checkpoint)
-    shards = sorted(src.glob("*.safetensors"))
-    if not shards or not (src / STATE_FILE).is_file():
+    if not any(src.glob("*.safetensors")) or not (src / STATE_FILE).is_file():
         raise ConfigError(f"checkpoint: {src} is not a dreamzero-train checkpoint (no *.safetensors / {STATE_FILE})")
+    if not (src / ADAPTER_CONFIG).is_file():
+        return _ship(src, src, name, dest_root, pipeline)
+    with tempfile.TemporaryDirectory(prefix="dreamzero-merge-") as tmp:  # LoRA: ship base + adapters merged
+        return _ship(src, write_merged(src, Path(tmp) / "merged"), name, dest_root, pipeline)
+
+
+def _ship(src: Path, weights: Path, name: str, dest_root, pipeline: dict | None) -> Path:
+    """Ship the model files of `weights` (src itself, or its merged LoRA model) with the record of `src`."""
+    shards = sorted(weights.glob("*.safetensors"))
     size = sum(p.stat().st_size for p in shards)
     if size > MAX_WEIGHTS_BYTES:
         raise ConfigError(f"checkpoint: {size / 2**20:.1f} MiB of weights, over the {MAX_WEIGHTS_BYTES >> 20} MiB cap")
-    config = _with_pipeline(src / "config.json", pipeline) if pipeline else None  # a bad knob fails before any copy
+    config = _with_pipeline(weights / "config.json", pipeline) if pipeline else None  # a bad knob fails before any copy
     record = _training_record(src)  # so does a damaged record of the stage it started from
     dest = Path(dest_root) / name
     tmp = dest.with_name(f".{name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for item in [*shards, *(src / n for n in _COPIED)]:
+    for item in [*shards, *(weights / n for n in _COPIED)]:
         if item.is_dir():
             shutil.copytree(item, tmp / item.name)
         elif item.is_file():

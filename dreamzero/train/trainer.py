@@ -69,6 +69,8 @@ class TrainConfig:
     micro_batch_size: int | None = None  # None: batch_size / workers (no accumulation)
     # several datasets drawn by weight (dicts of mixture.DatasetSpec's fields); None: `dataset` alone
     mixture: list[dict] | None = None
+    lora_rank: int = 0  # > 0: train LoRA adapters of this rank on the DiT's attention / FFN layers, the rest frozen
+    lora_alpha: float | None = None  # the adapters' scale is alpha / rank (None: alpha = rank)
 
     def dataset_specs(self) -> list[DatasetSpec]:
         if not self.mixture:
@@ -101,6 +103,8 @@ class TrainConfig:
             raise ConfigError(f"action_loss_weight: expected a number >= 0, got {self.action_loss_weight}")
         if self.stop_at is not None and not 1 <= self.stop_at <= self.steps:
             raise ConfigError(f"stop_at: expected 1..steps ({self.steps}), got {self.stop_at}")
+        if self.lora_rank < 0:
+            raise ConfigError(f"lora_rank: expected >= 0 (0: full fine-tune), got {self.lora_rank}")
         if self.warmup_steps < 0 or self.grad_clip < 0:
             raise ConfigError("warmup_steps and grad_clip must be >= 0")
         from dreamzero.metadata import BOUNDS
@@ -154,6 +158,29 @@ def _load_model(path: str | None, device: str):
     return model
 
 
+def _load_trained_model(cfg: TrainConfig, resume_from: Path | None):
+    """The model to train: the checkpoint resumed from, else cfg.init; with LoRA, the frozen base plus adapters (a
+    LoRA checkpoint holds only the adapters: the base comes from its adapter_config.json)."""
+    from dreamzero.train import lora
+
+    adapters = resume_from is not None and (resume_from / lora.ADAPTER_CONFIG).is_file()
+    if adapters != (cfg.lora_rank > 0) and resume_from is not None:
+        raise ConfigError(f"lora_rank: {resume_from} was trained {'with' if adapters else 'without'} LoRA; match it")
+    if cfg.lora_rank == 0:
+        return _load_model(str(resume_from) if resume_from else cfg.init, cfg.device)
+    if adapters:
+        saved = lora.read_adapter_config(resume_from)
+        if int(saved["rank"]) != cfg.lora_rank:
+            raise ConfigError(f"lora_rank: {resume_from} holds rank {saved['rank']} adapters, got {cfg.lora_rank}")
+        model = _load_model(saved.get("base_model"), cfg.device)
+    else:
+        model = _load_model(cfg.init, cfg.device)
+    lora.apply_lora(model.model, cfg.lora_rank, cfg.lora_alpha, seed=cfg.seed)
+    if adapters:
+        lora.load_adapter(model.model, resume_from)
+    return model
+
+
 def latest_checkpoint(out: str | Path) -> Path | None:
     pointer = Path(out) / LATEST_FILE
     if not pointer.is_file():
@@ -179,7 +206,7 @@ class Trainer:
         specs = cfg.dataset_specs()
         self.embodiments = [get_embodiment(spec.embodiment, self.metadata) for spec in specs]
         self.embodiment = self.embodiments[0]
-        self.model = _load_model(str(resume_from) if resume_from else cfg.init, cfg.device)
+        self.model = _load_trained_model(cfg, resume_from)
         dit_cfg = self.model.config.dit
         if cfg.blocks > dit_cfg.max_chunk_size:
             raise ConfigError(f"blocks: the model's window holds {dit_cfg.max_chunk_size} blocks, got {cfg.blocks}")
@@ -351,7 +378,14 @@ class Trainer:
         from dreamzero.checkpoint import save_model
 
         self.model.model.eval()
-        save_model(self.model, path)
+        if self.cfg.lora_rank > 0:  # the adapters only, naming their base (the ship step merges them)
+            from dreamzero.train.lora import save_adapter
+
+            path.mkdir(parents=True, exist_ok=True)
+            base = str(Path(self.cfg.init).resolve()) if self.cfg.init else None
+            save_adapter(self.model.model, path, base, self.cfg.lora_alpha or self.cfg.lora_rank)
+        else:
+            save_model(self.model, path)
         self.model.model.train()
         (path / _META_PATH).parent.mkdir(parents=True, exist_ok=True)
         (path / _META_PATH).write_text(json.dumps(self.metadata, indent=1))
