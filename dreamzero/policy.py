@@ -35,6 +35,7 @@ class PolicyResult:
     actions: np.ndarray  # float32 [B, H, D] or [H, D]
     sessions: list[SessionReport]
     timings_ms: dict[str, float] = field(default_factory=dict)
+    video: np.ndarray | None = None  # uint8 [B, T, H, W, 3] (or [T, H, W, 3]) predicted frames, when asked
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -151,8 +152,10 @@ class EmbeddedPolicy:
         rtc_prefix_len: int | Sequence[int | None] | None = None,
         action_prefix: np.ndarray | Sequence[np.ndarray | None] | None = None,
         rtc_exec_horizon: int | Sequence[int | None] | None = None,
+        return_video: bool = False,
     ) -> PolicyResult:
         """One action chunk per session. An unbatched observation gives actions [H, D] (session_ids may be a str).
+        `return_video`: the result also holds the predicted frames of the chunk (`video`, docs/model.md).
 
         Real-time chunking (docs/rtc.md), per row or one value for all: `rtc_prefix_len` d = actions of the previous
         chunk the robot executes while this one computes; `rtc_exec_horizon` s = actions of it executed before this
@@ -171,6 +174,8 @@ class EmbeddedPolicy:
             rtc_exec_horizon=_per_row(rtc_exec_horizon, n, "rtc_exec_horizon"),
             action_prefix=_action_prefix(action_prefix, n, context.batched, self.embodiment.action_dim),
         )
+        if return_video:
+            model_batch.return_video = [True] * n
         t1 = time.perf_counter()
         result = self.pipeline.generate(model_batch)
         t2 = time.perf_counter()
@@ -178,7 +183,10 @@ class EmbeddedPolicy:
         t3 = time.perf_counter()
         timings = {"preprocess": (t1 - t0) * 1e3, **result.timings_ms, "model": (t2 - t1) * 1e3,
                    "postprocess": (t3 - t2) * 1e3, "total": (t3 - t0) * 1e3}  # fmt: skip
-        return PolicyResult(actions if context.batched else actions[0], list(result.sessions), timings)
+        video = None if result.video is None else np.stack(result.video)
+        if video is not None and not context.batched:
+            video = video[0]
+        return PolicyResult(actions if context.batched else actions[0], list(result.sessions), timings, video)
 
     def reset(self, session_ids: str | Sequence[str]) -> None:
         """Restart these sessions at their next call."""

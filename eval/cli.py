@@ -31,6 +31,7 @@ class CliArgs:
     open_loop_horizon: int
     rtc: bool
     rtc_delay_steps: int | None
+    predicted_video: bool
     max_steps: int | None
     out: Path
     seed: int
@@ -106,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --rtc: the emulated inference delay in control steps (default: the measured round trip)",
     )
     g = p.add_argument_group("outputs")
+    g.add_argument(
+        "--predicted-video",
+        action="store_true",
+        help="ask for each chunk's predicted video: every episode gets an imagined-vs-real video and a per-chunk "
+        "error curve in the report (docs/evaluation.md)",
+    )
     g.add_argument("--out", type=Path, default=None, help="run directory (default runs/droid-eval-<time>)")
     g.add_argument("--no-video", action="store_true", help="skip the mp4s")
     g.add_argument("--no-report", action="store_true", help="skip report.html")
@@ -198,6 +205,13 @@ def make_policy(args: CliArgs):
     return make_policy("embedded", model_path=args.model_path)
 
 
+def asking_for_video(policy, on: bool):
+    """`--predicted-video`: the link asks for the predicted frames with every chunk."""
+    if on:
+        policy.link.return_video = True
+    return policy
+
+
 def main(argv: list[str] | None = None) -> int:
     from eval.runner import EvalConfig, run_evaluation
 
@@ -208,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_from_args(ns)
     try:
         args = droid_args(ns)
-        policy = make_policy(args)
+        policy = asking_for_video(make_policy(args), args.predicted_video)
     except (ConfigError, MissingDependency) as exc:
         print(f"dreamzero-eval: {exc}", file=sys.stderr)
         return 2
@@ -219,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         open_loop_horizon=args.open_loop_horizon,
         rtc=args.rtc,
         rtc_delay_steps=args.rtc_delay_steps,
+        predicted_video=args.predicted_video,
         max_steps=args.max_steps,
         seed=args.seed,
         record_video=not args.no_video,

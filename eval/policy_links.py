@@ -20,6 +20,7 @@ class EmbeddedLink:
     """Runs `dreamzero.policy.EmbeddedPolicy` in this process (the tiny random model when no path is given)."""
 
     name = "embedded"
+    return_video = False  # set True to ask for the predicted frames with every chunk (LinkReply.video)
 
     def __init__(self, model_path: str | None = None, embodiment: str = "oxe_droid", policy=None):
         if policy is None:
@@ -41,12 +42,14 @@ class EmbeddedLink:
                 instructions=[query.prompt],
                 expected_steps=None if query.first_call else [query.expected_step],
                 **rtc_kwargs,
+                **({"return_video": True} if self.return_video else {}),
             )
         except Exception as exc:  # in process there is no transport: every failure is the policy's answer
             raise PolicyCallError("error_reply", f"{type(exc).__name__}: {exc}") from exc
         sessions = getattr(result, "sessions", None) or [None]
         session = sessions[0].to_dict() if hasattr(sessions[0], "to_dict") else sessions[0]
-        return LinkReply(result.actions, session, dict(getattr(result, "timings_ms", None) or {}))
+        video = getattr(result, "video", None)
+        return LinkReply(result.actions, session, dict(getattr(result, "timings_ms", None) or {}), video)
 
     def reset(self, session_id: str) -> None:
         self._policy.reset([session_id])

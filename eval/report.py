@@ -77,6 +77,50 @@ def _plot_joints(steps: list[dict], title: str, path: Path) -> None:
     plt.close(fig)
 
 
+def _plot_imagined(imagined: dict, title: str, path: Path) -> None:
+    """Per-chunk error of the predicted frames against the real ones that followed: PSNR (dB) and mean abs error."""
+    chunks = [c for c in imagined["chunks"] if c["psnr_db"] is not None]
+    fig, ax = plt.subplots(figsize=(7, 2.6))
+    if chunks:
+        steps = [c["step"] for c in chunks]
+        ax.plot(steps, [min(c["psnr_db"], 60.0) for c in chunks], "o-", color="#4c72b0", label="PSNR (dB)")
+        ax.set_ylabel("PSNR (dB)", color="#4c72b0")
+        twin = ax.twinx()
+        twin.plot(steps, [c["mae"] for c in chunks], "s--", color="#c44e52", label="mean abs error")
+        twin.set_ylabel("mean abs error (0-255)", color="#c44e52")
+    else:
+        ax.text(0.5, 0.5, "no chunk had real frames after it", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("control step of the query")
+    ax.set_title(f"{title}: imagined vs real, per chunk", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _imagined_html(ep: dict, plots: Path, esc) -> str:
+    imagined = ep.get("imagined")
+    if not imagined:
+        return ""
+    plot = plots / f"imagined_{ep['name']}.png"
+    _plot_imagined(imagined, ep["name"], plot)
+    src = esc(imagined["video"])
+    h, w = imagined["frame_hw"]
+    mean = imagined["mean_psnr_db"]
+    line = (
+        "no chunk had real frames after it"
+        if mean is None
+        else (
+            f"mean PSNR {mean:.1f} dB, mean abs error {imagined['mean_mae']:.1f} over {len(imagined['chunks'])} chunks"
+        )
+    )
+    return (
+        f"<p><b>Imagined vs real</b> (left: the model's predicted frames of each chunk; right: the camera canvas "
+        f"that followed, {h}x{w}): {esc(line)}</p>"
+        f'<video src="{src}" controls muted loop width="{min(960, 4 * 2 * w)}"></video><br><a href="{src}">mp4</a><br>'
+        f'<img src="plots/{plot.name}">'
+    )
+
+
 def write_report(run_dir: Path) -> Path:
     """Write `<run_dir>/report.html` (+ `<run_dir>/plots/*.png`) and return its path."""
     run_dir = Path(run_dir)
@@ -115,7 +159,7 @@ def write_report(run_dir: Path) -> Path:
         sections.append(
             f"<h3>{esc(ep['name'])}: {esc(verdict)}</h3><p>{ep['num_steps']} steps, {ep['server_calls']} server calls, "
             f'session <code>{esc(ep["session_id"])}</code>, <a href="{esc(index["record"])}">step record (JSON)</a></p>'
-            f'{video}<br><img src="plots/{plot.name}">'
+            f'{video}<br><img src="plots/{plot.name}">{_imagined_html(ep, plots, esc)}'
         )
     simulator = str(summary["config"].get("extra", {}).get("simulator", "?"))
     benchmark = esc(str(summary["config"].get("extra", {}).get("benchmark", "DROID")))

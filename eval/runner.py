@@ -46,6 +46,7 @@ class EvalConfig:
     extra: dict = field(default_factory=dict)  # free-form facts recorded in summary.json (simulator, link, ...)
     rtc: bool = False  # real-time chunking: query ahead, emulate the delay, switch at row d
     rtc_delay_steps: int | None = None  # the emulated delay d; None: the measured round trip in control steps
+    predicted_video: bool = False  # ask for each chunk's predicted frames; imagined vs real per episode (eval.imagined)
 
     def validate(self) -> None:
         if not self.scenes:
@@ -110,6 +111,8 @@ def run_episode(
     schedule = schedule if schedule is not None else config.rtc_schedule(env.control_hz)
     if schedule is not None:
         schedule.reset()
+    imagined = imagined_track() if config.predicted_video else None
+    last_obs = None  # with `imagined`: the newest observation seen
 
     def jump(first_new: np.ndarray) -> float | None:
         return None if last_action is None else switch_jump(last_action, first_new)
@@ -122,6 +125,8 @@ def run_episode(
             sessions.append(reply.session)
         if reply.restarted:
             restarts.append({"step": steps, "reason": reply.restarted})
+        if imagined is not None:
+            imagined.predicted(steps, reply.video)
 
     try:
         obs, _ = env.reset(seed=seed)
@@ -133,6 +138,8 @@ def run_episode(
         last_action: np.ndarray | None = None  # the chunk row executed at the previous step (raw gripper)
         while steps < max_steps:
             queried, latency_ms, switched, observed = False, None, False, False
+            if imagined is not None:
+                imagined.observed(steps, obs)
             query_obs = {**obs, "prompt": env.instruction}
             try:
                 if pending is not None:  # RTC: switch once d steps of the old chunk have run
@@ -174,6 +181,7 @@ def run_episode(
             action[7] = droid.binarize_gripper(chunk[row][7])
             obs, reward, terminated, truncated, info = env.step(action)
             check_droid_observation(obs)
+            last_obs = obs
             recorder.add_frame(obs)
             recorder.add_step(
                 {
@@ -199,6 +207,8 @@ def run_episode(
                 break
     finally:
         recorder.close()
+        if imagined is not None and last_obs is not None:
+            imagined.observed(steps, last_obs)  # the frame after the last action
         try:
             policy.reset()
         except PolicyCallError as exc:  # the episode's result stands; the failed reset is noted
@@ -231,10 +241,20 @@ def run_episode(
         if schedule is None
         else {"requests": rtc_requests, "fallback": getattr(policy, "rtc_fallback", None)},
         "video": str(recorder.video_path.relative_to(config.out_dir)) if recorder.video_path else None,
+        "imagined": None
+        if imagined is None
+        else imagined.finish(config.out_dir, name, fps=max(1, round(env.control_hz / 3))),
         "wall_s": time.perf_counter() - started,
     }
     record["record"] = str(recorder.write_json(record).relative_to(config.out_dir))
     return record
+
+
+def imagined_track():
+    from dreamzero.embodiments import get_embodiment
+    from eval.imagined import ImaginedTrack
+
+    return ImaginedTrack(get_embodiment("oxe_droid"))
 
 
 def run_evaluation(

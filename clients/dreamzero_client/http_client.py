@@ -60,6 +60,7 @@ class ActionResult:
     timings: dict[str, float] = field(default_factory=dict)  # ms per server stage
     response: dict = field(default_factory=dict)  # the decoded reply, as sent
     form: str | None = None
+    video: np.ndarray | None = None  # uint8 [B, T, H, W, 3] predicted frames (generate(return_video=True))
 
 
 def is_loopback(host: str | None) -> bool:
@@ -172,6 +173,7 @@ class ActionClient:
         rtc_prefix_len: int | Sequence[int | None] | None = None,
         rtc_exec_horizon: int | Sequence[int | None] | None = None,
         action_prefix: Any = None,
+        return_video: bool = False,
     ) -> ActionResult:
         """One action chunk for every session in `session_ids` (observation arrays carry a leading batch dim B).
 
@@ -179,7 +181,8 @@ class ActionClient:
         for a caller that keeps the session's continuity itself. `rtc_prefix_len` (d), `rtc_exec_horizon` (s):
         one int for every row or one per row (None: not asked); `action_prefix`: [P, D] for every row, [B, P, D],
         or B entries of [P, D] / None, in robot units for the raw form (docs/rtc.md). The reply's sessions say
-        where each row's RTC target came from (`rtc`).
+        where each row's RTC target came from (`rtc`). `return_video`: the result also holds each row's predicted
+        frames of this chunk (`video`).
         """
         ids = [session_ids] if isinstance(session_ids, str) else list(session_ids)
         b = len(ids)
@@ -219,6 +222,7 @@ class ActionClient:
             routing_key=routing_key,
             model=self.model,
             output_format="numpy" if self.flavour != codec.JSON else "list",
+            return_video=return_video,
         )
         body["parameters"].update(self._rtc_parameters(b, rtc_prefix_len, rtc_exec_horizon, action_prefix))
         content, ctype = codec.encode_body(body, self.flavour)
@@ -233,7 +237,7 @@ class ActionClient:
         if parsed.actions.ndim != 3 or parsed.actions.shape[0] != b:
             raise ProtocolError(f"expected actions [B={b}, H, D], got shape {list(parsed.actions.shape)}")
         self._record(ids, parsed.sessions)
-        return ActionResult(parsed.actions, parsed.sessions, parsed.timings, reply, parsed.form)
+        return ActionResult(parsed.actions, parsed.sessions, parsed.timings, reply, parsed.form, parsed.video)
 
     def _rtc_parameters(self, b: int, prefix_len, exec_horizon, action_prefix) -> dict:
         """The RTC keys of `parameters` (only those given); shapes per row are checked here, values by the server."""

@@ -36,6 +36,7 @@ class OpenPILink:
     so the next query reconnects (and fails fast with "server_unreachable" while the server is gone)."""
 
     name = "openpi"
+    return_video = False  # set True to ask for the predicted frames with every chunk (LinkReply.video)
 
     def __init__(
         self,
@@ -104,6 +105,8 @@ class OpenPILink:
             if query.expected_incarnation is not None:
                 msg["expected_incarnations"] = [query.expected_incarnation]
         msg.update(rtc_fields(query.rtc))
+        if self.return_video:
+            msg["return_video"] = True
         return msg
 
     def send(self, query: Query) -> LinkReply:
@@ -114,7 +117,9 @@ class OpenPILink:
             if as_call_error(exc).reason in ("server_unreachable", "timeout"):
                 self._drop()
             raise
-        return LinkReply(reply.get("actions"), reply.get("session"), dict(reply.get("timings") or {}))
+        return LinkReply(
+            reply.get("actions"), reply.get("session"), dict(reply.get("timings") or {}), reply.get("video")
+        )
 
     def reset(self, session_id: str) -> None:
         if self._client is None:
@@ -133,6 +138,7 @@ class HttpLink:
     """`POST /v1/actions/generations` through `dreamzero_client.http_client.ActionClient`, raw form, one row."""
 
     name = "http"
+    return_video = False  # set True to ask for the predicted frames with every chunk (LinkReply.video)
 
     def __init__(
         self,
@@ -162,9 +168,11 @@ class HttpLink:
             expected_steps=[None if query.first_call else query.expected_step],
             expected_incarnations=[None if query.first_call else query.expected_incarnation],
             **rtc_fields(query.rtc),
+            **({"return_video": True} if self.return_video else {}),
         )
         sessions = result.sessions or [None]
-        return LinkReply(result.actions[0], sessions[0], dict(result.timings or {}))
+        video = None if result.video is None else result.video[0]
+        return LinkReply(result.actions[0], sessions[0], dict(result.timings or {}), video)
 
     def reset(self, session_id: str) -> None:
         # session ids are never reused, so forgetting the id is the reset; the server evicts the idle state (LRU/TTL)

@@ -124,6 +124,7 @@ class LinkReply:
     actions: Any  # checked by the policy
     session: dict | None = None  # the server's session report (session_id, step, incarnation, restarted, ...)
     timings: dict = field(default_factory=dict)  # ms per server stage
+    video: Any = None  # uint8 [T, H, W, 3] predicted frames, from a link asked for them (`return_video`)
 
 
 @runtime_checkable
@@ -147,6 +148,7 @@ class Chunk:
     restarted: str | None = None  # why the server restarted a running session (state lost), else None
     rtc_request: RtcRequest | None = None  # what the query asked (None: plain, or RTC dropped after a refusal)
     rtc: str | None = None  # the server's `session.rtc`: "client_prefix" | "session_cache" | "cold_start"
+    video: np.ndarray | None = None  # uint8 [T, H, W, 3]: the model's predicted frames of this chunk, when asked
 
 
 @runtime_checkable
@@ -221,8 +223,11 @@ class DroidPolicy:
         source = reply.session.get("rtc") if isinstance(reply.session, dict) else None
         if query.rtc is not None and source is None:
             self._stop_rtc("the server ignored the RTC fields (its reply has no session.rtc): an older server")
+        video = None if reply.video is None else np.asarray(reply.video, dtype=np.uint8)
+        if video is not None and video.ndim == 5:  # a one-row batch: this session's frames
+            video = video[0]
         return Chunk(actions, latency_ms, query.session_id, reply.session, dict(reply.timings or {}),
-                     self._continuity(query, reply.session), query.rtc, source)  # fmt: skip
+                     self._continuity(query, reply.session), query.rtc, source, video)  # fmt: skip
 
     def _send_with_fallback(self, query: Query) -> tuple[LinkReply, Query]:
         """The link's reply; an error reply naming an RTC field is answered by asking again without it (at most
