@@ -346,21 +346,30 @@ class Trainer:
 
     def run(self) -> list[dict]:
         """Train to cfg.last_step; only worker 0 writes the log and the checkpoints (all workers hold the same)."""
+        from dreamzero.train.tb_log import RunLog
+
         records = []
         logf = (self.out / LOG_FILE).open("a") if self.rank == 0 else None
+        run_log = RunLog(self.out, self.step, self.cfg.last_step) if self.rank == 0 else None
         try:
             while self.step < self.cfg.last_step:
                 record = self.train_step()
                 if logf and (record["step"] % self.cfg.log_every == 0 or record["step"] == self.cfg.last_step):
                     logf.write(json.dumps(record) + "\n")
                     logf.flush()
-                    log.info("step %(step)d loss %(loss).4f (video %(video_loss).4f action %(action_loss).4f)", record)
+                    run_log.write(record)
+                    level = logging.DEBUG if run_log.bar_shown else logging.INFO  # a log file still gets lines
+                    log.log(level, "step %(step)d loss %(loss).4f (video %(video_loss).4f action %(action_loss).4f)",
+                            record)  # fmt: skip
+                if run_log:
+                    run_log.advance(record)
                 records.append(record)
                 if self.step % self.cfg.save_every == 0 or self.step == self.cfg.last_step:
                     self.save()
         finally:
             if logf:
                 logf.close()
+                run_log.close()
         return records
 
     # -- checkpoints -------------------------------------------------------------------------------------------------
