@@ -98,6 +98,13 @@ def load_replay(replay: ReplayArgs, embodiment: EmbodimentSource, max_sessions: 
     )
 
 
+def start_cfg_rank(load_kwargs: dict, settings: PolicySettings):
+    """Start this replica's CFG rank 1 (`policy.cfg_parallel: 2`; imported lazily: Ray-actor code)."""
+    from deployments.cfg_rank import CfgPeer
+
+    return CfgPeer(load_kwargs, settings.cfg_timeout_s, settings.cfg_rank_options)
+
+
 def rows_without_device(rows_spec: int | str | None, max_sessions: int) -> int:
     """`batching.max_batch_rows` where no device memory bounds a batch (the replay policy)."""
     from dreamzero.pipeline.budget import CPU_AUTO_ROWS
@@ -143,11 +150,12 @@ class PolicyDeployment:
         )
         self.rows_per_request = batching.rows_per_request
         self.memory: dict | None = None  # rows, byte budget and device settled at start (GET /v1/models)
+        self._peer = None  # policy.cfg_parallel: 2: rank 1 of this replica (deployments.cfg_rank)
         if s.replay is not None:  # recorded actions instead of a model (deployments/replay.py); no tensors to budget
             self.pipeline = load_replay(s.replay, s.embodiment, sessions.max_sessions)
             self.max_batch_rows = rows_without_device(batching.max_batch_rows, sessions.max_sessions)
         else:
-            self.pipeline = load_pipeline(
+            load_kwargs = dict(
                 model_path=s.model_path,
                 layout=s.checkpoint_layout,
                 config=s.checkpoint_config,
@@ -155,10 +163,18 @@ class PolicyDeployment:
                 device=s.device,
                 dtype=s.dtype,
                 overrides=dict(s.pipeline) or None,
-                max_sessions=sessions.max_sessions,
-                session_ttl_s=sessions.ttl_s,
             )
+            if s.cfg_parallel == 2:
+                self._peer = start_cfg_rank(load_kwargs, s)  # rank 1 loads meanwhile; joined after the sizing
+            self.pipeline = load_pipeline(
+                **load_kwargs, max_sessions=sessions.max_sessions, session_ttl_s=sessions.ttl_s
+            )
+            # sized as one device holding both branches (a warm-up of the whole loop): rows as chosen there, and
+            # sessions then hold one branch's bytes per rank (a cfg_parallel: 2 replica fits more of them)
             self._size_memory(batching.max_batch_rows, sessions.max_bytes, s.retry_after_s)
+            if self._peer is not None:
+                self._peer.join(self.pipeline, sessions.max_sessions + 2 * self.max_batch_rows)
+                self.memory = {**(self.memory or {}), "topology": self._peer.topology(static=True)}
         replica = _replica_name()
         self.replica = replica or f"local-{uuid.uuid4().hex[:8]}"
         self.return_latents = s.return_latents
@@ -266,8 +282,11 @@ class PolicyDeployment:
         return any(sid not in store for sid in batch.session_ids)
 
     def _run_model(self, batch: ModelBatch) -> ChunkResult:
-        if self._threads is not None:
-            self._threads.use_for(len(batch))
+        threads = self._threads.use_for(len(batch)) if self._threads is not None else None
+        if self._peer is not None:  # both ranks, in lock-step; rank 0's result is the answer
+            return self._peer.run(
+                lambda: self.pipeline.generate(batch, return_latents=self.return_latents), batch, threads
+            )
         if self.return_latents:
             return self.pipeline.generate(batch, return_latents=True)
         return self.pipeline.generate(batch)
@@ -304,7 +323,10 @@ class PolicyDeployment:
     # --- introspection ----------------------------------------------------------------------------------------
     def stats(self) -> dict:
         """This replica's session store: live sessions, bytes held and reserved, budget, evictions, restarts."""
-        return {"replica": self.replica, **self.pipeline.stats()}
+        stats = {"replica": self.replica, **self.pipeline.stats()}
+        if self._peer is not None:
+            stats["topology"] = self._peer.topology()
+        return stats
 
     async def record_routing_stats(self) -> dict:
         """The routing keys of the sessions this replica holds, for SessionRouter (polled by Serve's controller).
@@ -331,6 +353,7 @@ class PolicyDeployment:
             "batching": self._batching,
             "max_batch_rows": int(self.max_batch_rows),
             "memory": self.memory,
+            "cfg_parallel": 1 if self._peer is None else 2,
         }
 
     def ready(self) -> bool:
@@ -353,6 +376,8 @@ class PolicyDeployment:
         since = self._busy_since
         if since is not None and time.monotonic() - since > STUCK_CALL_S:
             return f"a model call has been running for {time.monotonic() - since:.0f} s (limit {STUCK_CALL_S:g} s)"
+        if self._peer is not None:
+            return self._peer.health()
         return None
 
     async def _on_model_thread(self, fn, *args):
@@ -368,6 +393,9 @@ class PolicyDeployment:
         return await asyncio.get_running_loop().run_in_executor(self._executor, timed)
 
     def __del__(self) -> None:
+        peer = getattr(self, "_peer", None)
+        if peer is not None:
+            peer.close()
         executor = getattr(self, "_executor", None)
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)

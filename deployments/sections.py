@@ -166,6 +166,21 @@ class PolicyArgs(Strict):
     replay: ReplayArgs | None = Field(
         None, description="Answer with a LeRobot episode's recorded actions instead of loading a model."
     )
+    cfg_parallel: Literal[1, 2] = Field(
+        1,
+        description="Devices per replica for classifier-free guidance: 2 runs the conditional branch on the "
+        "replica and the unconditional one on a co-located rank (one more GPU each, `num_gpus` per rank), "
+        "exchanging the predictions at every step (docs/serving.md, 'CFG-parallel replicas').",
+    )
+    cfg_timeout_s: float = Field(
+        120.0, gt=0, description="Bound of every exchange between the two ranks of a cfg_parallel: 2 replica."
+    )
+
+    @model_validator(mode="after")
+    def _cfg_parallel_needs_a_model(self) -> PolicyArgs:
+        if self.cfg_parallel == 2 and self.replay is not None:
+            raise ValueError("policy.cfg_parallel: 2 needs a model; policy.replay has no guidance branches")
+        return self
 
 
 class SessionArgs(Strict):

@@ -83,6 +83,11 @@ class PolicySettings(Strict):
     torch_threads: int | None = Field(None, ge=1, description="Most torch threads of a CPU model call.")
     rows_per_thread: int = Field(4, ge=1)
     replay: ReplayArgs | None = Field(None, description="Recorded actions instead of a model.")
+    cfg_parallel: Literal[1, 2] = Field(1, description="Ranks per replica, one CFG branch each (2: one co-located).")
+    cfg_timeout_s: float = Field(120.0, gt=0, description="Bound of every exchange between the two ranks.")
+    cfg_rank_options: dict[str, Any] = Field(
+        default_factory=dict, description="Ray actor options of rank 1 (num_cpus, num_gpus), as the replica's."
+    )
     embodiment: EmbodimentSource = Field(default_factory=EmbodimentSource)
     return_latents: bool = False
     video: VideoArgs = Field(default_factory=VideoArgs, description="Recording of the predicted video.")

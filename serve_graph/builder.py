@@ -103,6 +103,12 @@ def policy_options(cfg: AppArgs) -> dict[str, Any]:
         "health_check_timeout_s": 120.0,
         "graceful_shutdown_timeout_s": 30.0,
     }
+    if p.cfg_parallel == 2 and p.num_gpus > 0:
+        # the replica (rank 0) and its rank 1 on one node, one bundle each (the rank 1 actor the replica creates
+        # lands in the replica's placement group)
+        rank = {k: v for k, v in (("CPU", p.num_cpus), ("GPU", p.num_gpus)) if v > 0}
+        opts["placement_group_bundles"] = [{**rank, **p.resources}, dict(rank)]
+        opts["placement_group_strategy"] = "STRICT_PACK"
     if p.autoscaling is not None:
         opts["autoscaling_config"] = p.autoscaling.to_ray()
     else:
@@ -155,6 +161,9 @@ def policy_settings(cfg: AppArgs, model: ResolvedModel) -> PolicySettings:
         torch_threads=cfg.policy.torch_threads,
         rows_per_thread=cfg.policy.rows_per_thread,
         replay=cfg.policy.replay,
+        cfg_parallel=cfg.policy.cfg_parallel,
+        cfg_timeout_s=cfg.policy.cfg_timeout_s,
+        cfg_rank_options={"num_cpus": cfg.policy.num_cpus, "num_gpus": cfg.policy.num_gpus},
         embodiment=embodiment_source(model),
         return_latents=cfg.return_latents,
         video=cfg.video,

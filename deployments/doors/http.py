@@ -132,6 +132,8 @@ class HttpDoor:
             "session_budget_bytes": (info.memory or {}).get("budget_bytes"),
             "device": (info.memory or {}).get("device"),
         }
+        if (info.memory or {}).get("topology"):  # policy.cfg_parallel: 2: the ranks of one replica and their branch
+            entry["topology"] = info.memory["topology"]
         return {"object": "list", "data": [entry]}
 
 
