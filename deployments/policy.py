@@ -306,6 +306,20 @@ class PolicyDeployment:
         result.video = video if any(keep) else None
         return result
 
+    # --- live tuning (Serve user_config: deployments.live_tuning) ----------------------------------------------
+    def reconfigure(self, user_config: dict) -> None:
+        """Serve calls this at start and on every `user_config` change of a `serve deploy`, without a restart."""
+        from deployments.live_tuning import apply_live_tuning, parse_live_tuning
+
+        self.tuning = apply_live_tuning(self, parse_live_tuning(user_config))
+        log.info("policy replica %s: live settings now %s", self.replica, self.tuning)
+
+    def tuning_in_effect(self) -> dict:
+        """The live knobs as this replica runs them (the `args` values until a `user_config` changes them)."""
+        from deployments.live_tuning import apply_live_tuning, parse_live_tuning
+
+        return getattr(self, "tuning", None) or apply_live_tuning(self, parse_live_tuning({}))
+
     # --- session control --------------------------------------------------------------------------------------
     async def drop_sessions(self, session_ids: list[str]) -> int:
         """Free sessions (a WebSocket connection closed); unknown ids are ignored."""

@@ -206,9 +206,31 @@ def check_gpu_fit(cfg: AppArgs) -> None:
     check_fit(facts, model_nbytes(model_cfg, dtype), footprint, rows, cfg.sessions.max_bytes, field)
 
 
+def replica_counts_in_args(cfg: AppArgs) -> list[str]:
+    """The replica counts / autoscaling set under `args`: they still work, but Serve hashes `args` into the code
+    version, so changing one replaces every replica of every deployment (each live session restarts)."""
+    stages = (("ingress", cfg.ingress), ("preprocess", cfg.preprocess), ("postprocess", cfg.postprocess))
+    found = [f"{name}.num_replicas" for name, stage in stages if "num_replicas" in stage.model_fields_set]
+    found += [f"policy.{k}" for k in ("num_replicas", "autoscaling") if k in cfg.policy.model_fields_set]
+    return found
+
+
+def warn_replica_counts_in_args(cfg: AppArgs) -> None:
+    found = replica_counts_in_args(cfg)
+    if found:
+        log.warning(
+            "args %s: set replica counts in the Serve config's `deployments:` section instead (e.g. `deployments: "
+            "[{name: Policy, num_replicas: 3}]`, autoscaling as `autoscaling_config`), which `serve deploy` applies "
+            "in place; a change under args replaces every replica and restarts every live session "
+            "(docs/serving.md, 'Changing a running server')",
+            ", ".join(found),
+        )
+
+
 def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
     """Validate `args` and bind the graph; raises ConfigError naming the bad field."""
     cfg = parse_app_args(args)
+    warn_replica_counts_in_args(cfg)
     check_gpu_fit(cfg)
     # Read once here, at start (a bad file fails now, not on the first request); the CPU stages get data, not paths.
     model = resolve_model(cfg)

@@ -129,12 +129,14 @@ def with_policy(tmp_path: Path, policy: dict, deployments: list | None = None) -
 
 
 def test_an_autoscaled_policy_gets_worker_bounds_and_the_ray_autoscaler(capsys, tmp_path):
-    config = with_policy(tmp_path, {"autoscaling": {"min_replicas": 1, "max_replicas": 4}})
+    # autoscaling where the shipped config keeps replica counts: its `deployments:` section
+    scaled = [{"name": "Policy", "autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}]
+    config = with_policy(tmp_path, {}, deployments=scaled)
     manifest = render(capsys, config, *EXAMPLE_ARGS)
     _, workers = pods(manifest)
     assert manifest["spec"]["rayClusterConfig"]["enableInTreeAutoscaling"] is True
     assert (workers["replicas"], workers["minReplicas"], workers["maxReplicas"]) == (1, 1, 4)
-    assert serve_config(manifest)["applications"][0]["args"]["policy"]["autoscaling"]["max_replicas"] == 4
+    assert serve_config(manifest)["applications"][0]["deployments"][0]["autoscaling_config"]["max_replicas"] == 4
 
     _, workers = pods(render(capsys, config, *EXAMPLE_ARGS, "--gpus-per-worker", "2"))
     assert (workers["minReplicas"], workers["maxReplicas"]) == (1, 2)  # two 1-GPU replicas per 2-GPU pod
@@ -232,13 +234,13 @@ def test_bad_options_exit_2_without_a_traceback(argv, expected):
 
 
 def test_impossible_sizes_fail_with_what_to_change(capsys, tmp_path):
-    config = with_policy(tmp_path, {"num_replicas": 2})
+    config = with_policy(tmp_path, {}, deployments=[{"name": "Policy", "num_replicas": 2}])
     assert render_rayservice.main([str(config), *EXAMPLE_ARGS, "--gpu-workers", "1"]) == 2
     assert "they need 2 pod(s)" in capsys.readouterr().err
     config = with_policy(tmp_path, {"num_gpus": 2})
     assert render_rayservice.main([str(config), *EXAMPLE_ARGS]) == 2
     assert "raise --gpus-per-worker" in capsys.readouterr().err
-    config = with_policy(tmp_path, {"autoscaling": {"max_replicas": 2}})
+    config = with_policy(tmp_path, {}, deployments=[{"name": "Policy", "autoscaling_config": {"max_replicas": 2}}])
     assert render_rayservice.main([str(config), *EXAMPLE_ARGS, "--gpu-workers", "2"]) == 2
     assert "drop --gpu-workers" in capsys.readouterr().err
 
