@@ -64,6 +64,19 @@ def read_mp4(path: Path) -> np.ndarray:
     return np.stack(frames) if frames else np.zeros((0, h, w, 3), np.uint8)
 
 
+def resize_frames(frames: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    """[T, H, W, 3] -> [T, h, w, 3] by block averaging when the sizes divide, else by nearest pixel."""
+    t, h, w, _ = frames.shape
+    if (h, w) == tuple(hw):
+        return frames
+    if h % hw[0] == 0 and w % hw[1] == 0:
+        fh, fw = h // hw[0], w // hw[1]
+        return frames.reshape(t, hw[0], fh, hw[1], fw, 3).mean((2, 4)).round().astype(np.uint8)
+    rows = np.arange(hw[0]) * h // hw[0]
+    cols = np.arange(hw[1]) * w // hw[1]
+    return frames[:, rows][:, :, cols]
+
+
 def side_by_side(predicted: np.ndarray, real: np.ndarray | None) -> np.ndarray:
     """[T, H, W, 3] predicted | real (resized to H x W by nearest pixel; black where nothing followed)."""
     t, h, w, _ = predicted.shape

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dreamzero.video_recorder import resize_frames as resize_nearest
 from dreamzero_client import droid
 
 BLOCK_STEPS = -droid.FRAME_OFFSETS[0] + 1  # 24: the steps one block of frames spans
@@ -24,19 +25,6 @@ BLOCK_STEPS = -droid.FRAME_OFFSETS[0] + 1  # 24: the steps one block of frames s
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
     mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
     return float("inf") if mse == 0 else 10.0 * np.log10(255.0**2 / mse)
-
-
-def resize_nearest(frames: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-    """[T, H, W, 3] -> [T, h, w, 3] by area-weighted block averaging when it divides, else nearest pixel."""
-    t, h, w, _ = frames.shape
-    if (h, w) == tuple(hw):
-        return frames
-    if h % hw[0] == 0 and w % hw[1] == 0:
-        fh, fw = h // hw[0], w // hw[1]
-        return frames.reshape(t, hw[0], fh, hw[1], fw, 3).mean((2, 4)).round().astype(np.uint8)
-    rows = np.arange(hw[0]) * h // hw[0]
-    cols = np.arange(hw[1]) * w // hw[1]
-    return frames[:, rows][:, :, cols]
 
 
 @dataclass
