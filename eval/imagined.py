@@ -33,39 +33,61 @@ class _Chunk:
     video: np.ndarray  # uint8 [T, H, W, 3]
 
 
+def droid_canvas(embodiment):
+    """frames -> the DROID canvas [T, H, W, 3] the server stitches from them."""
+
+    def canvas(frames: list) -> np.ndarray:
+        batch, _ = embodiment.preprocess(droid.raw_observation(frames))
+        return np.asarray(batch.images)[0]
+
+    return canvas
+
+
 @dataclass
 class ImaginedTrack:
-    """Collects one episode's predicted chunks and the camera frames they will be compared with."""
+    """Collects one episode's predicted chunks and the camera frames they will be compared with.
 
-    embodiment: object  # dreamzero.embodiments Embodiment (the DROID canvas transforms)
+    `canvas(frames) -> [T, H, W, 3]`: the model-input canvas of a list of kept frames; `keep(obs)`: what to keep of
+    an observation; `offsets`: the frame offsets of a query's block, `block_steps` the steps one block spans
+    (DROID's by default: the embodiment's transforms after `droid.make_frame`).
+    """
+
+    embodiment: object = None  # with the DROID defaults: the oxe_droid Embodiment
+    canvas: object = None
+    keep: object = droid.make_frame
+    offsets: tuple[int, ...] = droid.FRAME_OFFSETS
+    block_steps: int = BLOCK_STEPS
     chunks: list[_Chunk] = field(default_factory=list)
-    frames: dict[int, droid.Frame] = field(default_factory=dict)  # step -> the camera frames kept for comparison
+    frames: dict[int, object] = field(default_factory=dict)  # step -> the camera frames kept for comparison
     _wanted: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.canvas is None:
+            self.canvas = droid_canvas(self.embodiment)
 
     def predicted(self, step: int, video: np.ndarray | None) -> None:
         """The reply to the query made at `step` (its observation being the frame after step-1's action)."""
         if video is None:
             return
         self.chunks.append(_Chunk(step, np.asarray(video, dtype=np.uint8)))
-        self._wanted |= {step + BLOCK_STEPS + off for off in droid.FRAME_OFFSETS}
+        self._wanted |= {step + self.block_steps + off for off in self.offsets}
 
     def observed(self, step: int, obs: dict) -> None:
         """The observation at `step` (before the action of that step); kept only when a chunk will need it."""
         if step in self._wanted:
-            self.frames[step] = droid.make_frame(obs)
+            self.frames[step] = self.keep(obs)
 
     def _real(self, chunk: _Chunk) -> list[np.ndarray | None]:
         """Per predicted frame: the real canvas it is compared with (None past the episode's end)."""
         t, h, w, _ = chunk.video.shape
-        steps = [chunk.step + BLOCK_STEPS + off for off in droid.FRAME_OFFSETS]
+        steps = [chunk.step + self.block_steps + off for off in self.offsets]
         have = [self.frames.get(s) for s in steps]
         out: list[np.ndarray | None] = [None] * t
         present = [f for f in have if f is not None]
         if not present:
             return out
         filled = [f if f is not None else present[-1] for f in have]  # only to build the canvas; masked below
-        batch, _ = self.embodiment.preprocess(droid.raw_observation(filled))
-        canvas = resize_nearest(np.asarray(batch.images)[0], (h, w))  # [4, h, w, 3]
+        canvas = resize_nearest(self.canvas(filled), (h, w))  # [4, h, w, 3]
         per_frame = t // len(steps)  # 2: every new frame is read twice
         for i, f in enumerate(have):
             if f is not None:

@@ -64,6 +64,7 @@ def add_libero_arguments(p: argparse.ArgumentParser) -> None:
     add("--reset-timeout-s", type=float, default=600.0, help="bound on starting episodes (env creation)")
     add("--max-retries", type=int, default=2, help="retries of a failed request")
     add("--ready-timeout-s", type=float, default=300.0, help="wait this long for the server's /health first")
+    add("--predicted-video", action="store_true", help="imagined vs real per episode (docs/evaluation.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,6 +109,7 @@ def config_from_args(ns: argparse.Namespace):
         request_timeout_s=ns.timeout_s,
         seed=ns.seed,
         record_video=not ns.no_video,
+        predicted_video=ns.predicted_video,
         extra={"simulator": "libero", "benchmark": "LIBERO", "suite": ns.suite, "form": ns.form},
     )
     config.validate()

@@ -65,6 +65,7 @@ class LiberoEvalConfig:
     request_timeout_s: float | None = None  # per request; None: the client's own timeout
     seed: int = 0  # per-row request seeds are seed + episode number
     record_video: bool = True
+    predicted_video: bool = False  # ask for each chunk's predicted frames: imagined vs real per episode
     start_method: str = "spawn"
     extra: dict = field(default_factory=dict)  # free-form facts recorded in summary.json
 
@@ -173,6 +174,7 @@ class Episode:
     started: float = field(default_factory=time.perf_counter)
     step_wall_s: list[float] = field(default_factory=list)
     first_call: bool = True
+    imagined: Any = None  # eval.imagined.ImaginedTrack with --predicted-video
 
 
 @dataclass
@@ -202,7 +204,10 @@ class LiberoEvaluation:
         side = self.codec.embodiment.view_hw if self.codec.embodiment is not None else (256, 256)
         recorder = LiberoRecorder(self.out, name, CONTROL_HZ, self.config.record_video, tuple(side))
         session = f"libero-eval-{self.run_id}-{name}"
-        return Episode(task, init_index, number, name, session, recorder)
+        episode = Episode(task, init_index, number, name, session, recorder)
+        if self.config.predicted_video:
+            episode.imagined = libero_track(self.codec.embodiment)
+        return episode
 
     def _finish(self, slot: Slot, failure: dict | None = None) -> None:
         ep = slot.episode
@@ -232,6 +237,7 @@ class LiberoEvaluation:
             "server_sessions": ep.sessions,
             "step_wall_ms": latency_stats([s * 1000.0 for s in ep.step_wall_s]),
             "video": str(ep.recorder.video_path.relative_to(self.out)) if ep.recorder.video_path else None,
+            "imagined": None if ep.imagined is None else ep.imagined.finish(self.out, ep.name, fps=5),
             "wall_s": time.perf_counter() - ep.started,
         }
         record["record"] = str(ep.recorder.write_json(record).relative_to(self.out))
@@ -268,6 +274,8 @@ class LiberoEvaluation:
                 frame, _ = slot.worker.receive(deadline)
                 slot.episode.history.append(frame)
                 slot.episode.recorder.add_frame(frame)
+                if slot.episode.imagined is not None:
+                    slot.episode.imagined.observed(0, frame)
             except EnvFailure as exc:
                 self._fail_worker(slot, exc)
 
@@ -289,6 +297,7 @@ class LiberoEvaluation:
                 seed=[self.config.seed + ep.number for ep in episodes],
                 negative_prompts=prepared.negative_prompts,
                 timeout_s=self.config.request_timeout_s,
+                **({"return_video": True} if self.config.predicted_video else {}),
             )
             chunks = self.codec.actions(result.actions, prepared)
         except Exception as exc:  # noqa: BLE001  (any failure of the call is recorded; the run goes on)
@@ -299,9 +308,12 @@ class LiberoEvaluation:
         latency_ms = (time.perf_counter() - started) * 1000.0
         self.request_latencies_ms.append(latency_ms)
         by_id = {s.get("session_id"): s for s in result.sessions if isinstance(s, dict)}
-        for ep, chunk in zip(episodes, chunks):
+        video = getattr(result, "video", None)
+        for i, (ep, chunk) in enumerate(zip(episodes, chunks)):
             ep.chunk, ep.first_call = chunk, False
             ep.latencies_ms.append(latency_ms)
+            if ep.imagined is not None:
+                ep.imagined.predicted(ep.steps, None if video is None else video[i])
             if ep.session_id in by_id:
                 ep.sessions.append(by_id[ep.session_id])
 
@@ -345,6 +357,8 @@ class LiberoEvaluation:
                     }
                 )
                 ep.steps += 1
+                if ep.imagined is not None:
+                    ep.imagined.observed(ep.steps, frame)
                 if success and not ep.success_once:
                     ep.success_once, ep.success_step = True, ep.steps
                 if ep.success_once or ep.steps >= limit:
@@ -372,6 +386,23 @@ class LiberoEvaluation:
                 if slot.worker is not None:
                     slot.worker.close()
         return sorted(self.records, key=lambda r: (r["task_id"], r["init_state"]))
+
+
+def libero_track(embodiment=None):
+    """An `ImaginedTrack` on LIBERO's frames: the libero_sim canvas of the frames at the adapter's offsets."""
+    from eval.imagined import ImaginedTrack
+    from eval.libero.adapter import raw_observation
+
+    if embodiment is None:
+        from dreamzero.embodiments import get_embodiment
+
+        embodiment = get_embodiment("libero_sim")
+
+    def canvas(frames: list) -> np.ndarray:
+        batch, _ = embodiment.preprocess(raw_observation([frames]), batched=True)
+        return np.asarray(batch.images)[0]
+
+    return ImaginedTrack(canvas=canvas, keep=lambda frame: frame, offsets=FRAME_OFFSETS, block_steps=HISTORY_LEN)
 
 
 def summarize_libero(records: list[dict], config: LiberoEvalConfig, request_latencies_ms: list[float]) -> dict:

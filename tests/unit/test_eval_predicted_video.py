@@ -59,3 +59,27 @@ def test_mujoco_run_reports_imagined_vs_real(tmp_path, monkeypatch):
         and imagined["video"] in page
         and (out / "plots" / "imagined_scene1_ep000.png").is_file()
     )
+
+
+def test_libero_run_with_predicted_video(tmp_path):
+    """`dreamzero-eval-libero --predicted-video`: the request asks for video, each episode's record and report carry
+    imagined vs real (a fake client answering grey frames; fake envs)."""
+    from eval.libero.runner import run_libero_evaluation
+    from eval.report import write_report
+    from tests.unit.libero_fakes import FakeBackend
+    from tests.unit.test_eval_libero import FakeClient, _config
+
+    class VideoClient(FakeClient):
+        def generate(self, observation, prompts, session_ids, **kw):
+            result = super().generate(observation, prompts, session_ids, **kw)
+            assert kw.get("return_video") is True
+            result.video = np.full((len(session_ids), 8, 32, 64, 3), 128, np.uint8)
+            return result
+
+    config = _config(tmp_path, predicted_video=True, max_steps=8, action_chunk=4)
+    run_libero_evaluation(FakeBackend(num_init_states=1), VideoClient(), config)
+    rec = json.loads((tmp_path / "episodes" / "task01_init000.json").read_text())  # never succeeds: all 8 steps
+    assert [c["step"] for c in rec["imagined"]["chunks"]] == [0, 4]
+    assert rec["imagined"]["chunks"][0]["frames_compared"] == 4  # steps 1 and 6 of 8 exist, 11 and 16 do not
+    assert read_mp4(tmp_path / rec["imagined"]["video"]).shape == (16, 32, 128, 3)
+    assert "Imagined vs real" in write_report(tmp_path).read_text()
