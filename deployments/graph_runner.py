@@ -23,7 +23,7 @@ from deployments.preprocess import load_embodiment, normalised_batch
 from deployments.routing import policy_generate, sticky_call
 from deployments.settings import GraphSettings
 from deployments.stages import RawStages
-from dreamzero.errors import InvalidObservation, NotReady
+from dreamzero.errors import CapacityError, InvalidObservation, NotReady
 from dreamzero.types import SessionReport
 from dreamzero_client.wire.generations import GenerationRequest
 
@@ -51,6 +51,19 @@ def predicted_video(rows: list | None) -> np.ndarray:
             field="return_video",
         )
     return np.stack(rows)
+
+
+async def stage_call(calls: PendingCalls, response: Any, timeout_s: float, stage: str) -> Any:
+    """A Preprocess / Postprocess call bounded by its own `<stage>.call_timeout_s`: a dead or stuck stage replica
+    answers a prompt 503 (retryable) rather than holding the request until the whole trip's bound."""
+    try:
+        return await asyncio.wait_for(calls(response), timeout_s)
+    except asyncio.TimeoutError:
+        calls.cancel()
+        raise CapacityError(
+            f"the {stage} stage did not answer within {timeout_s:g} s ({stage}.call_timeout_s): a replica may have "
+            "died and is being replaced; retry"
+        ) from None
 
 
 class PendingCalls:
@@ -111,7 +124,8 @@ class GraphRunner:
         t0 = time.perf_counter()
         ctx = None
         if req.form == "raw":
-            batch, ctx = await calls(self.stages.preprocess(req))
+            pre = self.settings.preprocess.call_timeout_s
+            batch, ctx = await stage_call(calls, self.stages.preprocess(req), pre, "preprocess")
             timings["preprocess"] = (time.perf_counter() - t0) * 1000.0
         else:
             batch = normalised_batch(req)
@@ -124,7 +138,8 @@ class GraphRunner:
         actions = out.result.actions
         if req.form == "raw":
             t2 = time.perf_counter()
-            actions = await calls(self.stages.postprocess(actions, ctx))
+            post = self.settings.postprocess.call_timeout_s
+            actions = await stage_call(calls, self.stages.postprocess(actions, ctx), post, "postprocess")
             timings["postprocess"] = (time.perf_counter() - t2) * 1000.0
         timings["graph"] = (time.perf_counter() - t0) * 1000.0
         timings.update({f"model.{k}": float(v) for k, v in out.result.timings_ms.items()})

@@ -93,6 +93,13 @@ class PreprocessArgs(CpuStageArgs):
     ingress_threads: int = Field(
         2, ge=1, description="Worker threads of each front-door replica for transforms it runs itself."
     )
+    call_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Bound on one raw request's transforms (milliseconds of CPU when healthy); past it, e.g. on a "
+        "dead or stuck Preprocess replica, the request gets a prompt 503 instead of waiting for "
+        "http.request_timeout_s.",
+    )
 
     @field_validator("ingress_max_bytes")
     @classmethod
@@ -113,6 +120,9 @@ class PostprocessArgs(CpuStageArgs):
         "ingress",
         description="Where robot actions are made from the model's chunk: `ingress` (in the front door's process; "
         "microseconds of numpy on [B, H, 32]) or `replicas` (the Postprocess deployment, one hop each way).",
+    )
+    call_timeout_s: float = Field(
+        10.0, gt=0, description="Bound on one request's postprocess call; past it the request gets a prompt 503."
     )
 
 
