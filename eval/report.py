@@ -21,8 +21,9 @@ def _plot_success(summary: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.2))
     xs = np.arange(len(scenes))
     rates = [s["success_rate"] for _, s in scenes]
-    lo = [s["success_rate"] - s["ci95"][0] for _, s in scenes]
-    hi = [s["ci95"][1] - s["success_rate"] for _, s in scenes]
+    # clamped: at 0/N or N/N the rounded Wilson bound can sit a hair inside the rate
+    lo = [max(0.0, s["success_rate"] - s["ci95"][0]) for _, s in scenes]
+    hi = [max(0.0, s["ci95"][1] - s["success_rate"]) for _, s in scenes]
     ax.bar(xs, rates, yerr=[lo, hi], capsize=6, color="#4c72b0")
     ax.set_xticks(xs, [f"scene {k}\n({s['successes']}/{s['episodes']})" for k, s in scenes])
     ax.set_ylim(0, 1.05)
