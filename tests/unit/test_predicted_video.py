@@ -111,3 +111,12 @@ def test_admission_counts_the_decoder_state(pipe):
         assert 0 < held_video <= extra
     finally:
         store.max_bytes = old
+
+
+def test_asking_for_video_leaves_the_actions_alone(pipe):
+    """The same inputs and seed with and without return_video: identical actions and session reports."""
+    plain = [pipe.generate(batch(["same-a"], t, 20 + t)) for t in (1, 4)]
+    asked = [pipe.generate(batch(["same-b"], t, 20 + t, return_video=[True])) for t in (1, 4)]
+    for p, a in zip(plain, asked):
+        np.testing.assert_array_equal(p.actions, a.actions)
+        assert (p.sessions[0].step, p.sessions[0].frame_position) == (a.sessions[0].step, a.sessions[0].frame_position)
