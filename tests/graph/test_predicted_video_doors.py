@@ -123,3 +123,23 @@ def test_zmq_door_puts_the_frames_in_the_info(served):
     msg["data"]["options"] = {"session_ids": ["z0", "z1"]}
     action, info = call()
     assert "video" not in info and all(np.shape(v)[0] == 2 for v in action.values())
+
+
+def test_merged_requests_keep_their_own_video_rows():
+    """Requests merged into one model call: rows of a request that did not ask get no frames back."""
+    from deployments.batch_merge import merge_batches, split_result
+    from dreamzero.types import ChunkResult, ModelBatch, SessionReport
+
+    def req(ids, video):
+        n = len(ids)
+        return ModelBatch(images=np.zeros((n, 1, 8, 8, 3), np.uint8), state=np.zeros((n, 1, 64), np.float32),
+                          state_mask=np.zeros((n, 1, 64), bool), prompts=["p"] * n, session_ids=ids,
+                          return_video=[True] * n if video else None)  # fmt: skip
+
+    merged = merge_batches([req(["a"], False), req(["b", "c"], True)], 1140)
+    assert merged.return_video == [False, True, True]
+    frames = [None, np.ones((8, 8, 8, 3), np.uint8), np.ones((8, 8, 8, 3), np.uint8)]
+    reports = [SessionReport(s, 1, True, "new_session", 1) for s in "abc"]
+    plain, asked = split_result(ChunkResult(np.zeros((3, 24, 32), np.float32), reports, video=frames), [1, 2])
+    assert plain.video is None and [v.shape for v in asked.video] == [(8, 8, 8, 3)] * 2
+    assert merge_batches([req(["x"], False), req(["y"], False)], 1140).return_video is None
