@@ -36,3 +36,15 @@ def test_bad_arguments_name_the_option(tmp_path, capsys):
     assert "--prompt" in capsys.readouterr().err
     assert main(["--video", "video.nope=x.mp4", "--prompt", "p", "--chunks", "0", "--out", str(tmp_path)]) == 2
     assert "--chunks" in capsys.readouterr().err
+
+
+def test_a_lerobot_episode_exports_with_its_task(tmp_path):
+    from tests.unit.train_fixtures import TASK, write_synthetic_dataset
+
+    root = write_synthetic_dataset(tmp_path / "ds", n_episodes=2, length=40)
+    out = tmp_path / "out"
+    assert main(["--dataset", str(root), "--episode", "1", "--out", str(out)]) == 0
+    summary = json.loads((out / "export.json").read_text())
+    assert summary["prompt"] == TASK and summary["chunks"] == 2  # steps 0 and 24 of 40
+    assert read_mp4(out / "predicted.mp4").shape[0] == 16
+    assert main(["--dataset", str(root), "--episode", "7", "--out", str(out)]) == 2
