@@ -547,6 +547,11 @@ def _openpi_client(port: int):
         return OpenPIClient(port=port, path="/v1/realtime/robot/openpi", timeout_s=900)
 
 
+def _ws_actions(reply) -> np.ndarray:
+    """openpi-client hands back the reference reply (the bare array); our OpenPIClient opts into the dict form."""
+    return np.asarray(reply["actions"] if isinstance(reply, dict) else reply)
+
+
 def _libero_raw_body(sid: str) -> bytes:
     from dreamzero_client.wire import codec, generations
 
@@ -603,7 +608,7 @@ def test_serve_run_14b_on_one_gpu_starts_as_the_readme_says(request, tmp_path):
                 _reply(_post(client, server, raw_body(["gpu-r"])), server, "raw")
         if ON_CUDA:
             with _openpi_client(server.port) as ws:
-                actions = np.asarray(ws.infer(openpi_droid_observation(0, "gpu-ws"))["actions"])
+                actions = _ws_actions(ws.infer(openpi_droid_observation(0, "gpu-ws")))
                 assert actions.shape[0] == entry["action_horizon"] and np.isfinite(actions).all()
     preset = entry["config"]
     note = _note("serve run, GET /v1/models")
@@ -637,7 +642,7 @@ def test_serve_run_5b_full_weights_starts_as_libero_and_answers_every_form(tmp_p
             raw = _reply(_post(client, server, _libero_raw_body("gpu-5b-raw")), server, "raw")
             assert np.asarray(raw.actions).shape[1:] == (16, 7)  # robot units: delta eef 6 + gripper
         with _openpi_client(server.port) as ws:
-            actions = np.asarray(ws.infer(_libero_openpi_observation("gpu-5b-ws"))["actions"])
+            actions = _ws_actions(ws.infer(_libero_openpi_observation("gpu-5b-ws")))
             assert actions.shape == (16, 7) and np.isfinite(actions).all()
 
 
