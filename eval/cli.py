@@ -32,6 +32,7 @@ class CliArgs:
     rtc: bool
     rtc_delay_steps: int | None
     predicted_video: bool
+    record_dataset: Path | None
     max_steps: int | None
     out: Path
     seed: int
@@ -112,6 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="ask for each chunk's predicted video: every episode gets an imagined-vs-real video and a per-chunk "
         "error curve in the report (docs/evaluation.md)",
+    )
+    g.add_argument(
+        "--record-dataset",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write every episode (frames the policy saw, state, actions executed, instruction, success) into "
+        "this LeRobot v3.0 dataset, appending if it exists; dreamzero-make-metadata and dreamzero-train read it",
     )
     g.add_argument("--out", type=Path, default=None, help="run directory (default runs/droid-eval-<time>)")
     g.add_argument("--no-video", action="store_true", help="skip the mp4s")
@@ -234,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         rtc=args.rtc,
         rtc_delay_steps=args.rtc_delay_steps,
         predicted_video=args.predicted_video,
+        record_dataset=args.record_dataset,
         max_steps=args.max_steps,
         seed=args.seed,
         record_video=not args.no_video,

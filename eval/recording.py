@@ -82,3 +82,23 @@ class EpisodeRecorder:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(to_jsonable({**episode, "steps": self.steps}), indent=1))
         return path
+
+
+def open_dataset(root: Path, fps: float):
+    """A DatasetRecorder writing the DROID scene's episodes with the column names of our MuJoCo demos (`oxe_droid`:
+    observation.state = 7 joints + gripper, action = 7 joint targets + gripper, three cameras), so
+    `dreamzero-make-metadata --preset oxe_droid` and `dreamzero-train` read it as it is."""
+    from dreamzero_client.recording import DatasetRecorder
+    from eval.mujoco_droid.record import MODALITY
+
+    return DatasetRecorder(root, fps=fps, robot_type="droid_sim", modality=MODALITY)
+
+
+def dataset_frame(obs: dict, action: np.ndarray, frame_size: tuple[int, int]) -> tuple[dict, dict]:
+    """(images, vectors) of one step: the views as the policy saw them (resize_with_pad to `frame_size`), the state
+    before the step and the action executed (joint targets, binarised gripper)."""
+    from eval.mujoco_droid.record import VIDEO_FEATURES
+
+    images = {VIDEO_FEATURES[k]: resize_with_pad(obs[k], *frame_size) for k in IMAGE_KEYS}
+    state = np.concatenate([np.ravel(obs["joint_position"]), np.ravel(obs["gripper_position"])])
+    return images, {"observation.state": state, "action": np.asarray(action, np.float32)}

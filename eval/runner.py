@@ -29,7 +29,7 @@ from dreamzero_client import droid
 from dreamzero_client.policy import Chunk, DroidPolicy, PolicyCallError
 from dreamzero_client.rtc import RtcSchedule, switch_jump
 from eval.env_contract import DroidEnv, check_droid_observation
-from eval.recording import EpisodeRecorder, to_jsonable
+from eval.recording import EpisodeRecorder, dataset_frame, open_dataset, to_jsonable
 from eval.summary import config_record, summarize, summary_markdown
 
 
@@ -47,6 +47,7 @@ class EvalConfig:
     rtc: bool = False  # real-time chunking: query ahead, emulate the delay, switch at row d
     rtc_delay_steps: int | None = None  # the emulated delay d; None: the measured round trip in control steps
     predicted_video: bool = False  # ask for each chunk's predicted frames; imagined vs real per episode (eval.imagined)
+    record_dataset: Path | None = None  # every episode also into this LeRobot v3.0 dataset (eval.recording)
 
     def validate(self) -> None:
         if not self.scenes:
@@ -85,10 +86,13 @@ def run_episode(
     episode: int,
     progress=None,
     schedule: RtcSchedule | None = None,
+    dataset=None,
 ) -> dict:
     """One episode; returns its record (also written to `<out_dir>/episodes/<name>.json`).
 
-    `schedule`: the RTC timeline (kept across episodes for its delay estimate); made from `config` when None."""
+    `schedule`: the RTC timeline (kept across episodes for its delay estimate); made from `config` when None.
+    `dataset`: a `dreamzero_client.recording.DatasetRecorder` that gets the episode's steps (frames the policy saw,
+    state, the action executed) and its outcome."""
     scene = env.scene_id
     name = f"scene{scene}_ep{episode:03d}"
     session_id = policy.session_id
@@ -132,6 +136,8 @@ def run_episode(
         obs, _ = env.reset(seed=seed)
         check_droid_observation(obs)
         recorder.add_frame(obs)
+        if dataset is not None:
+            dataset.begin_episode(env.instruction)
         chunk: np.ndarray | None = None
         pending: Chunk | None = None  # RTC: the reply to the query in flight (here at once: the sim waits for it)
         row = 0
@@ -179,6 +185,8 @@ def run_episode(
             last_action = chunk[row]
             action = chunk[row].copy()
             action[7] = droid.binarize_gripper(chunk[row][7])
+            if dataset is not None:
+                dataset.add_frame(*dataset_frame(obs, action, config.image_size))
             obs, reward, terminated, truncated, info = env.step(action)
             check_droid_observation(obs)
             last_obs = obs
@@ -214,6 +222,9 @@ def run_episode(
         except PolicyCallError as exc:  # the episode's result stands; the failed reset is noted
             reset_error = str(exc)
     success = failure is None and env.is_success()
+    if dataset is not None:  # kept either way, marked: a failed episode is data too (and a policy failure says why)
+        outcome = "aborted" if failure is not None else ("success" if success else "failure")
+        dataset.end_episode(success=bool(success), outcome=outcome, note=failure and failure["reason"])
     if progress is not None:
         progress.update(max_steps - steps)  # skipped steps of an episode that ended early
     record = {
@@ -272,17 +283,28 @@ def run_evaluation(
     episodes: list[dict] = []
     schedule: RtcSchedule | None = None  # one for the run: its delay estimate outlives the episodes
     total = None if config.max_steps is None else len(config.scenes) * config.episodes_per_scene * config.max_steps
+    dataset = None
     with tqdm(total=total, unit="step", desc="DROID eval", disable=not show_progress, dynamic_ncols=True) as bar:
-        for scene in config.scenes:
-            env = env_factory(scene)
-            try:
-                schedule = schedule or config.rtc_schedule(env.control_hz)
-                for ep in range(config.episodes_per_scene):
-                    bar.set_postfix_str(f"scene {scene} ep {ep}")
-                    episodes.append(run_episode(env, policy, config, ep, progress=bar, schedule=schedule))
-                    bar.set_postfix_str(f"scene {scene} ep {ep}: {'success' if episodes[-1]['success'] else 'fail'}")
-            finally:
-                env.close()
+        try:
+            for scene in config.scenes:
+                env = env_factory(scene)
+                try:
+                    schedule = schedule or config.rtc_schedule(env.control_hz)
+                    if config.record_dataset is not None and dataset is None:
+                        dataset = open_dataset(config.record_dataset, env.control_hz)
+                    for ep in range(config.episodes_per_scene):
+                        bar.set_postfix_str(f"scene {scene} ep {ep}")
+                        episodes.append(
+                            run_episode(env, policy, config, ep, progress=bar, schedule=schedule, dataset=dataset)
+                        )
+                        bar.set_postfix_str(
+                            f"scene {scene} ep {ep}: {'success' if episodes[-1]['success'] else 'fail'}"
+                        )
+                finally:
+                    env.close()
+        finally:
+            if dataset is not None:  # an interrupted run still closes its open episode (marked aborted)
+                dataset.close()
     summary = summarize(episodes)
     summary["config"] = to_jsonable(config_record(config))
     summary["policy_link"] = getattr(policy, "name", type(policy).__name__)
@@ -296,6 +318,11 @@ def run_evaluation(
             "fallback": getattr(policy, "rtc_fallback", None),
             "server_sources": dict(Counter(r["rtc"] for ep in episodes for r in ep["rtc"]["requests"])),
         }
+    if dataset is not None:
+        summary["recorded_dataset"] = {  # loop_seconds: what recording cost the control loop; the writes ran beside it
+            "path": str(config.record_dataset), "episodes": dataset.episodes_written, "frames": dataset.frames_queued,
+            "loop_seconds": round(dataset.loop_seconds, 4), "writer_seconds": round(dataset.write_seconds, 3),
+        }  # fmt: skip
     summary["episode_records"] = [
         {k: ep[k] for k in ("name", "scene_id", "episode", "success", "num_steps", "video", "record", "failure")}
         for ep in episodes
