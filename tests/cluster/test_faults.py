@@ -87,3 +87,63 @@ def test_a_killed_preprocess_replica_is_a_prompt_503_and_clients_recover(http, s
     assert refused and all(t0 >= killed_at - PROMPT_S for t0, _, _ in refused), refused  # the kill's, no others
     assert any(status == 200 and t0 > replaced_at for t0, _, status in calls), "not served again"
     assert _preprocess_replicas() != [victim]
+
+
+def test_an_ingress_killed_under_load_never_surfaces_a_500_to_our_client(serve_cluster, ensure_app):
+    """Serve's proxy answers calls in flight on a dead Ingress with a plain-text 500 (Ray 2.60 maps the replica's
+    RayActorError to 500; no proxy setting changes it). The design (docs/reliability.md, "Faults"): `ActionClient`
+    retries that 500 (and 502/503/504, connection errors) with the session's continuity echo, so a retry either
+    continues the session or restarts it flagged (`step_mismatch` when the lost reply had advanced it), never a
+    silent reuse, and the caller never sees the 500."""
+    import ray
+
+    from dreamzero_client.http_client import ActionClient
+    from tests.graph.helpers import droid_raw_observation
+
+    base = serve_cluster[0]
+    ensure_app(ARGS, 1)
+    stop, reports, failures, lock = threading.Event(), [], [], threading.Lock()
+
+    def robot(sid: str) -> None:
+        with ActionClient(base, timeout_s=60, max_retries=30, backoff_s=0.5, max_backoff_s=3.0) as client:
+            first = True
+            while not stop.is_set():
+                try:
+                    res = client.generate(droid_raw_observation(1, 1 if first else 4), "pick up the cup", sid)
+                except Exception as exc:  # noqa: BLE001 - any failure the caller would see
+                    with lock:
+                        failures.append(f"{sid}: {type(exc).__name__}: {exc}"[:300])
+                    return
+                first = False
+                with lock:
+                    reports.append((sid, res.sessions[0]))
+
+    threads = [threading.Thread(target=robot, args=(f"ing-{i}",), daemon=True) for i in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(4)
+    prefix = f"SERVE_REPLICA::{APP}#Ingress#"
+    (victim,) = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == "serve" and a["name"].startswith(prefix)
+    ]
+    before = len(reports)
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    wait_replicas("Ingress", 1, 120)
+    time.sleep(6)
+    stop.set()
+    for t in threads:
+        t.join(timeout=200)
+    assert not any(t.is_alive() for t in threads), "a client hung"
+    assert not failures, failures  # no 500 (nor anything else) reached the caller
+    assert len(reports) > before + 3, "not served again after the replacement"
+    last: dict[str, dict] = {}
+    for sid, report in reports:  # continuity: continue exactly, or restart and say why
+        prev = last.get(sid)
+        if report["restarted"]:
+            assert report["step"] == 1 and report["restart_reason"], report
+        else:
+            assert prev is not None and report["step"] == prev["step"] + 1, (sid, prev, report)
+            assert report["incarnation"] == prev["incarnation"], (sid, prev, report)
+        last[sid] = report
