@@ -8,6 +8,9 @@
     dreamzero-franka --server ws://gpu-box:8000 --robot-ip 172.16.0.2 --exterior-0 123456789 --wrist 345678912 \\
         --target-ee-pose 0.5 0.0 0.12 3.1416 0 0 --prompt "put the red block in the bin"
 
+    # also write every episode into a LeRobot v3.0 dataset to fine-tune on (needs dreamzero-client[record])
+    dreamzero-franka ... --record-dataset datasets/franka-cups
+
 The embodiment (oxe_droid / franka_pnp) is the server's (its handshake or metadata) unless --embodiment names it.
 Exit status: 0 when no episode failed, 1 when one did, 2 for a usage / configuration / connection error.
 """
@@ -85,6 +88,7 @@ class DeployArgs:
     pnp_safety: PnpSafetyConfig | None = None
     task_poses: TaskPoses | None = None  # parsed and validated here, before anything connects
     joint_reset: bool = True
+    record_dataset: str | None = None  # every episode also into this LeRobot v3.0 dataset (franka/recording.py)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> DeployArgs:
@@ -107,6 +111,10 @@ class DeployArgs:
             raise ConfigError(f"--episodes must be >= 1, got {ns.episodes}")
         if ns.timeout_s <= 0:
             raise ConfigError(f"--timeout-s must be positive, got {ns.timeout_s}")
+        if ns.record_dataset:
+            from dreamzero_client.franka.recording import require_extra
+
+            require_extra()  # a robot install without the extra hears it now, not after an episode
         workspace = _floats(ns.workspace, 6, "--workspace") if ns.workspace else None
         loops = {tag: _loop_config(ns, tag) for tag in candidates}  # every candidate is checked now
         loop = loops.get("oxe_droid") or _loop_config(ns, "oxe_droid")
@@ -148,6 +156,7 @@ class DeployArgs:
             pnp_safety=pnp_safety,
             task_poses=task_poses,
             joint_reset=not ns.no_joint_reset,
+            record_dataset=ns.record_dataset or None,
         )
 
 
@@ -227,6 +236,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log-dir", default="runs/franka", help="per-episode logs and videos; '' to disable")
     g.add_argument("--no-video", action="store_true")
     g.add_argument("--unattended", action="store_true", help="no operator prompts: start every episode, no labels")
+    g.add_argument(
+        "--record-dataset",
+        default=None,
+        metavar="DIR",
+        help="also write every episode (the views the policy saw, state, the commands executed, the prompt, the "
+        "operator's label) into this LeRobot v3.0 dataset, appending if it exists; needs dreamzero-client[record]",
+    )
 
     g = p.add_argument_group("safety")
     g.add_argument("--joint-margin", type=float, default=0.1, help="rad kept inside the joint limits")
@@ -293,20 +309,35 @@ def run(args: DeployArgs, operator: Operator | None = None) -> list:
         robot, gripper, cameras = _devices(args, embodiment)
         operator = operator or (Operator() if args.unattended else ConsoleOperator())
         stack.callback(operator.close)
+        dataset = None
+        if args.record_dataset:  # closed after the devices: an open episode is kept, marked aborted
+            from dreamzero_client.franka.recording import open_dataset
+
+            dataset = open_dataset(args.record_dataset, embodiment, loop.control_hz)
+            stack.callback(_close_dataset, dataset)
         for device in (robot, gripper, *cameras.values()):
             stack.enter_context(device)
         if embodiment == "franka_pnp":
             safety = PnpSafetyFilter(args.task_poses, config=args.pnp_safety)
             runner = PnpEpisodeRunner(
-                robot, gripper, cameras, policy, safety, loop, operator, joint_reset=args.joint_reset
+                robot, gripper, cameras, policy, safety, loop, operator, joint_reset=args.joint_reset, dataset=dataset
             )
         else:
-            runner = EpisodeRunner(robot, gripper, cameras, policy, SafetyFilter(args.safety), loop, operator)
+            runner = EpisodeRunner(
+                robot, gripper, cameras, policy, SafetyFilter(args.safety), loop, operator, dataset=dataset
+            )
         results = runner.run(args.episodes)
     if loop.log_dir:
         path = Path(loop.log_dir) / "session_summary.json"
         path.write_text(json.dumps([r.summary() for r in results], indent=2, default=str) + "\n")
     return results
+
+
+def _close_dataset(dataset) -> None:
+    dataset.close()
+    per_frame = dataset.loop_seconds / max(1, dataset.frames_queued) * 1e3
+    logger.info("recorded %d episodes into %s (%d frames; %.3f ms per frame on the control loop, the writes beside it)",
+                dataset.episodes_written, dataset.root, dataset.frames_queued, per_frame)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

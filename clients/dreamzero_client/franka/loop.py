@@ -12,11 +12,14 @@ Per episode:
    the query leaves at row s, the old chunk runs on until the reply is there and d ticks have passed, and the new
    one starts at the row of that tick (d when on time); the arm holds only if the old chunk runs out first;
 4. the episode ends after `max_steps`, on an operator label / abort / quit, on Ctrl+C (aborted), or as failed with
-   its reason (server lost, too many rejected chunks, a device fault). The arm holds on every way out.
+   its reason (server lost, too many rejected chunks, a device fault). The arm holds on every way out;
+5. with a `dataset` (`--record-dataset`, `franka/recording.py`), every tick also queues its frame (the views as the
+   policy saw them, the state, the command sent) to the recorder's writer thread, and the episode's end marks it
+   (the operator's label, or aborted / failed with the reason), whichever way it ended.
 
 The tick (`EpisodeRunner._control`: timing, chunk scheduling, prefetch / RTC, rejections, holds, logging, the
 episode's end) exists once; what is the embodiment's goes through the hooks of section 3 (`go_home`, `read_devices`,
-`accept_chunk`, `execute_row`, `log_entry`), which this class fills in for DROID's joint control and
+`accept_chunk`, `execute_row`, `log_entry`, `dataset_frame`), which this class fills in for DROID's joint control and
 `pnp.loop.PnpEpisodeRunner` for franka_pnp's Cartesian control.
 """
 # Longer than ~400 lines on purpose: one control tick (observe, query / prefetch / RTC, safety filter, command, log)
@@ -36,6 +39,7 @@ from dreamzero_client.errors import ConfigError, DreamZeroError
 from dreamzero_client.franka.contracts import Camera, DeviceError, Gripper, Robot
 from dreamzero_client.franka.episode_log import EpisodeLog
 from dreamzero_client.franka.operator import Command, Operator
+from dreamzero_client.franka.recording import DROID_VIDEO, episode_marks
 from dreamzero_client.franka.safety import DROID_HOME, CommandGate, SafetyFilter, Watchdog
 from dreamzero_client.policy import Chunk, ChunkRejected, DroidPolicy, PolicyCallError
 from dreamzero_client.rtc import RtcSchedule, switch_jump
@@ -131,7 +135,8 @@ class EpisodeEnd(Exception):
 
 
 class EpisodeRunner:
-    """Runs episodes on connected devices. `cameras` maps the DROID camera names (`droid.CAMERAS`) to cameras."""
+    """Runs episodes on connected devices. `cameras` maps the DROID camera names (`droid.CAMERAS`) to cameras;
+    `dataset`: a `dreamzero_client.recording.DatasetRecorder` that gets every episode (None: no recording)."""
 
     #: what the tick treats as a refused chunk (the arm holds, the loop asks again, too many in a row fail the
     #: episode); the first is the policy's own check (`validate_chunk`), an embodiment may add its `accept_chunk`'s
@@ -148,8 +153,10 @@ class EpisodeRunner:
         safety: SafetyFilter | None = None,
         config: LoopConfig | None = None,
         operator: Operator | None = None,
+        dataset=None,
     ):
         self.robot, self.gripper, self.cameras, self.policy = robot, gripper, cameras, policy
+        self.dataset = dataset
         self.safety = safety or SafetyFilter()
         self.config = config or LoopConfig()
         self.operator = operator or Operator()
@@ -177,6 +184,8 @@ class EpisodeRunner:
             self.policy.reset()  # releases the previous episode's session; a new session id
             result.session_id = self.policy.session_id
             self.go_home(gate)
+            if self.dataset is not None:
+                self.dataset.begin_episode(self.policy.prompt)
             with watchdog:
                 self._control(result, gate, watchdog, log)
         except EpisodeEnd as end:
@@ -194,6 +203,7 @@ class EpisodeRunner:
         except Exception as exc:  # a bug or an unexpected library error: hold, record, then re-raise
             self._safe_hold(gate)
             result.status, result.reason = "failed", f"unexpected error: {type(exc).__name__}: {exc}"
+            self._end_recording(result)
             if log is not None:
                 log.close({**result.summary(), "prompt": self.policy.prompt, "config": asdict(cfg)})
             raise
@@ -211,6 +221,7 @@ class EpisodeRunner:
             )
             result.label = {Command.SUCCESS: "success", Command.FAILURE: "failure"}.get(cmd)
             self.quit_requested |= cmd is Command.QUIT
+        self._end_recording(result)
         if log is not None:
             log.close({**result.summary(), "prompt": self.policy.prompt, "config": asdict(cfg)})
         return result
@@ -307,6 +318,8 @@ class EpisodeRunner:
 
     def _finish_tick(self, log, record, obs, reading, result, step, next_tick) -> None:
         result.steps = step + 1
+        if self.dataset is not None:  # a copy into the writer's queue; the disk is the writer thread's
+            self.dataset.add_frame(*self.dataset_frame(obs, reading, record))
         if log is None:
             return
         fields, views = self.log_entry(obs, reading)
@@ -425,7 +438,29 @@ class EpisodeRunner:
         views = [newest.images[name] for name in droid.CAMERAS]
         return {"joint_position": arm.joint_positions, "gripper_position": gripper_pos}, views
 
+    def dataset_frame(self, obs: dict, reading: tuple, record: dict) -> tuple[dict, dict]:
+        """(images, vectors) of the tick for `dataset` (columns: franka/recording.py). DROID: the views and state as
+        the policy keeps this tick's frame, the joint targets sent (a hold: the measured joints) and the gripper
+        command (1 closed, 0 open)."""
+        arm, _ = reading
+        newest = self.policy.history.select(first_call=True)[0]
+        images = {DROID_VIDEO[name]: newest.images[name] for name in droid.CAMERAS}
+        state = np.concatenate([newest.joint_position, newest.gripper_position])
+        action = np.append(record.get("command", arm.joint_positions), 1.0 if self._gripper_closed else 0.0)
+        return images, {"observation.state": state, "action": action}
+
     # 4. ways out ---------------------------------------------------------------------------------------------------
+    def _end_recording(self, result: EpisodeResult) -> None:
+        """Close the episode in `dataset`, marked by its result. A recorder that failed ends the session (its error
+        is logged; every later episode would fail at its first tick)."""
+        if self.dataset is None:
+            return
+        try:
+            self.dataset.end_episode(**episode_marks(result.status, result.reason, result.label))
+        except DreamZeroError as exc:
+            logger.error("%s; stopping the session", exc)
+            self.quit_requested = True
+
     def _safe_hold(self, gate: CommandGate) -> None:
         try:
             gate.hold()

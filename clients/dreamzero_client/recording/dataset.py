@@ -45,7 +45,20 @@ VIDEO_PATH = "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.m
 EPISODES_FILE = "meta/episodes/chunk-000/file-000.parquet"
 _INDEX_COLUMNS = ("frame_index", "episode_index", "index", "task_index")
 _IMAGE_STAT_EVERY = 8  # every 8th frame of an episode feeds its image statistics
-OUTCOMES = ("success", "failure", "aborted", "done")
+#: an episode's end: the task succeeded / failed, it was stopped (operator, Ctrl+C), the run failed (a fault: server
+#: lost, device error), or it ran to its end without a verdict
+OUTCOMES = ("success", "failure", "aborted", "failed", "done")
+
+
+def require_record_extra() -> None:
+    """Raise `ConfigError` naming the `record` extra unless pyarrow and imageio-ffmpeg import."""
+    try:
+        import imageio_ffmpeg  # noqa: F401
+        import pyarrow  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            f"record_dataset: recording needs the `record` extra (pip install 'dreamzero-client[record]'): {exc}"
+        ) from None
 
 
 def _vector_stats(x: np.ndarray) -> dict[str, list]:
@@ -111,13 +124,7 @@ class DatasetRecorder:
         max_queue: int = 256,
         put_timeout_s: float = 5.0,
     ):
-        try:
-            import imageio_ffmpeg  # noqa: F401
-            import pyarrow  # noqa: F401
-        except ImportError as exc:
-            raise ConfigError(
-                f"record_dataset: recording needs the `record` extra (pip install 'dreamzero-client[record]'): {exc}"
-            ) from None
+        require_record_extra()
         if not fps > 0:
             raise ConfigError(f"fps: expected > 0, got {fps}")
         self.root, self.fps, self.robot_type = Path(root), float(fps), robot_type

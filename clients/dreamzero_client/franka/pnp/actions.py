@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dreamzero_client.errors import ConfigError
-from dreamzero_client.franka.pnp.rotations import euler_xyz_to_matrix, make_pose, rlinf_adjoint
+from dreamzero_client.franka.pnp.rotations import euler_xyz_to_matrix, make_pose, matrix_to_euler_xyz, rlinf_adjoint
 
 ACTION_DIM = 7  # 6 motion + gripper
 
@@ -87,3 +87,21 @@ def preview_chunk(chunk: np.ndarray, start_tcp: np.ndarray, space: PnpActionSpac
         pose = action_to_target(row, pose, space).pose
         poses.append(pose)
     return np.stack(poses) if poses else np.empty((0, 4, 4))
+
+
+def executed_action(
+    command_pose: np.ndarray | None, measured_tcp: np.ndarray, gripper_closed: bool | None, space: PnpActionSpace
+) -> np.ndarray:
+    """The row that, applied to `measured_tcp` as RLinf does (`action_to_target`), commands `command_pose`: what the
+    arm was really asked to do after the safety filter, in the action space's units, clipped to [-1, 1]. A hold
+    (`command_pose` None) is no motion. Gripper: +1 open, -1 closed (None: open, the state after the start move).
+    A row the filter let through unchanged comes back as it was sent (when it was inside [-1, 1])."""
+    out = np.zeros(ACTION_DIM)
+    if command_pose is not None:
+        measured = np.asarray(measured_tcp, dtype=np.float64)
+        out[:3] = (command_pose[:3, 3] - measured[:3, 3]) / space.position_scale_m
+        out[3:6] = matrix_to_euler_xyz(command_pose[:3, :3] @ measured[:3, :3].T) / space.rotation_scale_rad
+        if space.tcp_frame:
+            out[:6] = np.linalg.solve(rlinf_adjoint(measured), out[:6])
+    out[6] = -1.0 if gripper_closed else 1.0
+    return np.clip(out, -1.0, 1.0).astype(np.float32)

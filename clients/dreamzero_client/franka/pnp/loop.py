@@ -21,11 +21,13 @@ import numpy as np
 from dreamzero_client.franka.contracts import Camera, Gripper
 from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
 from dreamzero_client.franka.operator import Operator
+from dreamzero_client.franka.pnp.actions import executed_action
 from dreamzero_client.franka.pnp.cartesian import CartesianRobot, TcpState
 from dreamzero_client.franka.pnp.observation import WIRE_IMAGE, WIRE_STATE, WIRE_WRIST, PnpObservationBuilder
 from dreamzero_client.franka.pnp.policy import PnpPolicy, frame_offsets
 from dreamzero_client.franka.pnp.reset_move import go_to_pose
 from dreamzero_client.franka.pnp.safety import PnpChunkRejected, PnpSafetyFilter
+from dreamzero_client.franka.recording import PNP_ACTION, PNP_STATE, PNP_VIDEO
 from dreamzero_client.franka.safety import CommandGate, Watchdog
 from dreamzero_client.policy import Chunk, ChunkRejected
 
@@ -59,6 +61,7 @@ class PnpEpisodeRunner(EpisodeRunner):
         operator: Operator | None = None,
         builder: PnpObservationBuilder | None = None,
         joint_reset: bool = True,
+        dataset=None,
     ):
         missing = [name for name in PNP_CAMERAS if name not in cameras]
         if missing:
@@ -69,7 +72,7 @@ class PnpEpisodeRunner(EpisodeRunner):
                 f"loop.control_hz ({config.control_hz}) must be the action space's rate ({safety.space.control_hz} Hz):"
                 " each row is one step of that length"
             )
-        super().__init__(robot, gripper, cameras, policy, safety, config, operator)
+        super().__init__(robot, gripper, cameras, policy, safety, config, operator, dataset=dataset)
         # `PnpPolicy` has no real-time chunking: franka_pnp executes whole chunks (with or without prefetch), and a
         # `loop.rtc` is left unused
         self.rtc = None
@@ -125,3 +128,11 @@ class PnpEpisodeRunner(EpisodeRunner):
     def log_entry(self, obs: dict, reading: tuple) -> tuple[dict, list[np.ndarray]]:
         _, closure = reading
         return {"gripper_position": closure}, [obs[WIRE_IMAGE], obs[WIRE_WRIST]]  # the views the server receives
+
+    def dataset_frame(self, obs: dict, reading: tuple, record: dict) -> tuple[dict, dict]:
+        """The two views and the state sent, and the row the arm executed (`executed_action`: from the command pose
+        and the measured one; a hold or a refused chunk: no motion)."""
+        tcp, _ = reading
+        action = executed_action(record.get("command_pose"), tcp.pose, self._gripper_closed, self.safety.space)
+        images = {feature: obs[key] for key, feature in PNP_VIDEO.items()}
+        return images, {PNP_STATE: obs[WIRE_STATE], PNP_ACTION: action}
