@@ -171,7 +171,8 @@ class HttpLink:
             **({"return_video": True} if self.return_video else {}),
         )
         sessions = result.sessions or [None]
-        video = None if result.video is None else result.video[0]
+        video = getattr(result, "video", None)  # an injected client may predate predicted video
+        video = None if video is None else video[0]
         return LinkReply(result.actions[0], sessions[0], dict(result.timings or {}), video)
 
     def reset(self, session_id: str) -> None:

@@ -31,8 +31,13 @@ def dataset(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory):
+    """A local Ray for the workers; in a whole-suite run the cluster tests' session cluster is already up (2 CPUs,
+    every replica at num_cpus 0), and the workers run on it, as `run_distributed` does with a connected driver."""
     import ray
 
+    if ray.is_initialized():
+        yield
+        return
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
