@@ -77,6 +77,21 @@ class CapacityError(DreamZeroError):
         self.retry_after_s = retry_after_s
 
 
+class QuotaExceeded(DreamZeroError):
+    """The caller's tenant is over one of its quotas (requests per second, rows per request, live sessions).
+    HTTP 429 with `Retry-After` when waiting helps (`retry_after_s`; None for a request too large for the quota).
+
+    `quota` names which one: `requests_per_s`, `max_rows_per_request`, `max_sessions_per_replica`, `max_sessions`.
+    """
+
+    code = "quota_exceeded"
+
+    def __init__(self, message: str, quota: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.quota = quota
+        self.retry_after_s = retry_after_s
+
+
 class NotReady(DreamZeroError):
     """The model or a deployment is still loading. HTTP 503."""
 
@@ -101,10 +116,12 @@ class MissingDependency(DreamZeroError, ImportError):
 # +-- ServerError              the server answered with an error (status, code, message, field)
 # |   +-- BadRequestError      4xx: the request is wrong; never retried
 # |   |   +-- AuthenticationError   401 / 403
+# |   +-- QuotaExceededError   429: the caller's tenant is over a quota; `retry_after_s` says when to try again
 # |   +-- PolicyServerError    an OpenPI error frame or text frame
 # +-- ServerUnavailableError   retries exhausted: connection errors, timeouts, 5xx (last status/cause attached)
-#     +-- ReadyTimeout         `wait_until_ready` ran out of time
-#     +-- ReplyTimeout         no reply within the call's timeout (the connection is dropped, not reused)
+# |   +-- ReadyTimeout         `wait_until_ready` ran out of time
+# |   +-- ReplyTimeout         no reply within the call's timeout (the connection is dropped, not reused)
+# +-- SecureChannelError       TLS certificate not verified / TLS or CURVE handshake refused; never retried
 
 
 class ClientError(Exception):
@@ -139,6 +156,17 @@ class AuthenticationError(BadRequestError):
     """401/403: missing or wrong API key."""
 
 
+class QuotaExceededError(ServerError):
+    """429: this key's tenant is over one of its quotas (docs/serving.md, "Tenants and TLS"). Not retried by the
+    clients: `retry_after_s` (the server's `Retry-After`, None when waiting cannot help) says when the same call
+    may pass, and the robot loop decides whether to wait."""
+
+    def __init__(self, message: str, status: int | None = 429, code: str | None = None, field: str | None = None,
+                 body=None, retry_after_s: float | None = None):  # fmt: skip
+        super().__init__(message, status, code, field, body)
+        self.retry_after_s = retry_after_s
+
+
 class PolicyServerError(ServerError):
     """An OpenPI server sent an error frame (``{"type": "error", ...}``) or a text frame (e.g. a traceback)."""
 
@@ -159,3 +187,15 @@ class ReadyTimeout(ServerUnavailableError, TimeoutError):
 
 class ReplyTimeout(ServerUnavailableError, TimeoutError):
     """No reply within the call's timeout."""
+
+
+class SecureChannelError(ClientError, ConnectionError):
+    """The encrypted channel could not be set up: the server's TLS certificate did not verify (unknown CA, another
+    host name, expired), the TLS handshake failed, or the ZeroMQ CURVE handshake was refused. Never retried and never
+    answered by falling back to plain text; `reason` is the cause as the TLS library or ZeroMQ reported it.
+
+    A `ConnectionError` too, so a policy loop files it with the other unreachable-server failures."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        self.reason = reason
+        super().__init__(message)

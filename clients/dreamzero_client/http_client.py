@@ -14,7 +14,9 @@ What it does for you:
   `parameters` as given (the server checks them and names the field it refuses);
 - retries connection errors, timeouts and 500/502/503/504 with linear backoff (honouring `Retry-After`), never other
   4xx; raises typed errors from `dreamzero_client.errors` carrying the server's message and field;
-- bypasses HTTP proxies for loopback addresses (a corporate `HTTP_PROXY` must not capture 127.0.0.1).
+- bypasses HTTP proxies for loopback addresses (a corporate `HTTP_PROXY` must not capture 127.0.0.1);
+- https:// always verifies the server's certificate and host name, against `ca_bundle` or the system trust store
+  (`dreamzero_client.tls`); a certificate that does not verify raises `SecureChannelError` at once, never retried.
 
 Light on purpose: numpy, msgpack, httpx and `dreamzero_client.wire`/`codec`; no torch, no Ray.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 import email.utils
 import ipaddress
 import logging
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +36,7 @@ from urllib.parse import urlsplit
 import httpx
 import numpy as np
 
+from dreamzero_client import tls
 from dreamzero_client.errors import (
     AuthenticationError,
     BadRequestError,
@@ -94,6 +98,8 @@ class ActionClient:
 
     `timeout_s` bounds each attempt (connect and every read); `max_retries` retries follow the first attempt, the
     k-th after `backoff_s * k` seconds unless the server sent `Retry-After` (capped at `max_backoff_s`).
+    `ca_bundle`: PEM file of the CA certificate(s) that an https:// server's certificate must chain to (default: the
+    system trust store).
     """
 
     def __init__(
@@ -106,10 +112,12 @@ class ActionClient:
         msgpack: bool = True,
         model: str = "dreamzero",
         max_backoff_s: float = 60.0,
+        ca_bundle: str | os.PathLike | None = None,
     ):
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"base_url must look like 'http://host:port', got {base_url!r}")
+            raise ValueError(f"base_url must look like 'http://host:port' or 'https://host:port', got {base_url!r}")
+        tls.check_scheme(parts.scheme, ca_bundle, "base_url")
         if timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
             raise ValueError("timeout_s must be > 0, max_retries and backoff_s >= 0")
         self.base_url = base_url.rstrip("/")
@@ -123,12 +131,14 @@ class ActionClient:
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
         # trust_env=False ignores HTTP(S)_PROXY for loopback servers; remote ones keep the environment's proxy rules.
+        # No redirects: a 3xx to http:// must not carry the key and the observations away from TLS.
         self._http = httpx.Client(
             base_url=self.base_url,
             headers=headers,
             timeout=httpx.Timeout(self.timeout_s),
             trust_env=not is_loopback(parts.hostname),
             follow_redirects=False,
+            **({"verify": tls.client_context(ca_bundle)} if parts.scheme == "https" else {}),
         )
         self._steps: dict[str, int] = {}  # session id -> step of its last reply
         self._incarnations: dict[str, str] = {}  # session id -> incarnation of its last reply (echoed back)
@@ -284,6 +294,7 @@ class ActionClient:
         try:
             resp = self._http.get(routes.HEALTH_PATH, timeout=timeout_s)
         except httpx.HTTPError as e:
+            self._raise_if_tls(e)
             raise ServerUnavailableError(f"GET {routes.HEALTH_PATH} failed: {_describe(e)}", attempts=1) from e
         if resp.status_code != 200:
             code, message, fld = self._error_parts(resp)
@@ -334,6 +345,7 @@ class ActionClient:
             try:
                 resp = self._http.request(method, path, content=content, headers=headers, timeout=timeout)
             except httpx.TransportError as e:  # connection refused/reset, timeouts, protocol errors
+                self._raise_if_tls(e)
                 last_status, last_message = None, _describe(e)
             else:
                 if resp.status_code < 300:
@@ -366,6 +378,12 @@ class ActionClient:
             status=last_status,
             server_message=last_message if last_status else None,
         )
+
+    def _raise_if_tls(self, exc: Exception) -> None:
+        """A certificate that does not verify is final: retrying cannot fix it, and falling back is not an option."""
+        err = tls.secure_channel_error(exc, self.base_url)
+        if err is not None:
+            raise err from exc
 
     @staticmethod
     def _error_parts(resp: httpx.Response) -> tuple[str | None, str, str | None]:

@@ -9,6 +9,7 @@ A query with `rtc` (real-time chunking, docs/rtc.md) adds, for its one row, `rtc
 OpenPI: keys of the same names, like the continuity fields).
 
     policy = DroidPolicy(connect("ws://gpu-box:8000"), prompt="wipe the table")
+    policy = DroidPolicy(connect("wss://gpu-box:8443", ca_bundle="ca.pem"), prompt="wipe the table")  # TLS
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dreamzero_client import droid
 from dreamzero_client.errors import ConfigError
 from dreamzero_client.policy import LinkReply, Query, as_call_error
 from dreamzero_client.rtc import RtcRequest
+from dreamzero_client.tls import check_scheme, client_context
 
 
 def rtc_fields(rtc: RtcRequest | None) -> dict:
@@ -46,8 +48,12 @@ class OpenPILink:
         max_reconnects: int = 1,
         echo_continuity: bool = True,
         client_factory=None,
+        ca_bundle: str | None = None,
     ):
         self.url, self.api_key, self.timeout_s, self.max_reconnects = url, api_key, timeout_s, max_reconnects
+        self.ca_bundle = ca_bundle  # wss://: the CA certificate(s) the server's must chain to (None: system store)
+        if ca_bundle is not None:
+            client_context(ca_bundle)  # a missing or unreadable file fails here, not at the first query
         self.echo_continuity = echo_continuity  # off for servers that reject unknown keys
         self._factory = client_factory or self._default_factory
         self._client = None
@@ -64,6 +70,7 @@ class OpenPILink:
             timeout_s=self.timeout_s,
             max_reconnects=self.max_reconnects,
             resume=self.echo_continuity,
+            ca_bundle=self.ca_bundle,
         )
 
     def open(self) -> dict:
@@ -147,12 +154,15 @@ class HttpLink:
         timeout_s: float = 120.0,
         max_retries: int = 2,
         client=None,
+        ca_bundle: str | None = None,
     ):
         if client is None:
             from dreamzero_client.http_client import ActionClient
 
             # fewer retries than the client's default: a dead server should fail an episode in seconds, not minutes
-            client = ActionClient(base_url, api_key=api_key, timeout_s=timeout_s, max_retries=max_retries)
+            client = ActionClient(
+                base_url, api_key=api_key, timeout_s=timeout_s, max_retries=max_retries, ca_bundle=ca_bundle
+            )
         self.client = client
 
     def raw_observation(self, query: Query) -> dict:
@@ -184,12 +194,21 @@ class HttpLink:
 
 
 def connect(
-    url: str, api_key: str | None = None, timeout_s: float = 30.0, max_reconnects: int = 1, field: str = "server"
+    url: str,
+    api_key: str | None = None,
+    timeout_s: float = 30.0,
+    max_reconnects: int = 1,
+    field: str = "server",
+    ca_bundle: str | None = None,
 ):
-    """The link for `url`: ws:// / wss:// -> OpenPILink; http:// / https:// -> HttpLink (`field` names it in errors)"""
+    """The link for `url`: ws:// / wss:// -> OpenPILink; http:// / https:// -> HttpLink (`field` names it in errors).
+
+    `ca_bundle`: PEM file of the CA certificate(s) a wss:// / https:// server's certificate must chain to (None: the
+    system trust store); refused with a ws:// / http:// URL, which would travel in clear."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme not in ("ws", "wss", "http", "https"):
+        raise ConfigError(f"{field}: expected a ws://, wss://, http:// or https:// URL, got {url!r}")
+    check_scheme(scheme, ca_bundle, field)
     if scheme in ("ws", "wss"):
-        return OpenPILink(url, api_key=api_key, timeout_s=timeout_s, max_reconnects=max_reconnects)
-    if scheme in ("http", "https"):
-        return HttpLink(url, api_key=api_key, timeout_s=timeout_s, max_retries=max_reconnects)
-    raise ConfigError(f"{field}: expected a ws://, wss://, http:// or https:// URL, got {url!r}")
+        return OpenPILink(url, api_key=api_key, timeout_s=timeout_s, max_reconnects=max_reconnects, ca_bundle=ca_bundle)
+    return HttpLink(url, api_key=api_key, timeout_s=timeout_s, max_retries=max_reconnects, ca_bundle=ca_bundle)

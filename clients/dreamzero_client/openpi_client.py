@@ -14,12 +14,15 @@ connection's sessions afresh; with `resume=True` against ours the client asks fo
 resume token and each session's last `step` / `incarnation`, and a reopened connection continues the same sessions
 (the server checks the echo; a wrong one restarts the session, flagged in its report). Keepalive pings run in the
 background every `ping_interval_s`. The upgrade carries Serve's `x-request-timeout-seconds: 0`, so Serve's proxy
-`request_timeout_s` never ends the connection (docs/wire-protocol.md 7).
+`request_timeout_s` never ends the connection (docs/wire-protocol.md 7). A wss:// URL verifies the server's
+certificate against `ca_bundle` or the system trust store (`dreamzero_client.tls`); one that does not verify raises
+`SecureChannelError` at once, without reconnect attempts.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -28,6 +31,7 @@ import numpy as np
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from dreamzero_client import tls
 from dreamzero_client.errors import (
     AuthenticationError,
     InvalidRequest,
@@ -90,14 +94,20 @@ class OpenPIClient:
         reconnect_backoff_s: float = 0.5,
         resume: bool = False,
         response_format: str | None = None,
+        ca_bundle: str | os.PathLike | None = None,
     ):
         """`resume`: continue sessions across reconnects (our server; others ignore the query parameters and
-        restart). `response_format`: "dict" / "array" as the connection's default infer reply (our server)."""
+        restart). `response_format`: "dict" / "array" as the connection's default infer reply (our server).
+        `ca_bundle`: PEM file of the CA certificate(s) a wss:// server's certificate must chain to (default: the
+        system trust store)."""
         if timeout_s <= 0 or max_reconnects < 0:
             raise ValueError("timeout_s must be > 0 and max_reconnects >= 0")
         if response_format not in (None, *openpi.RESPONSE_FORMATS):
             raise ValueError(f"response_format must be one of {openpi.RESPONSE_FORMATS} or None")
         self.uri = build_uri(host, port, path)
+        scheme = urlsplit(self.uri).scheme
+        tls.check_scheme(scheme, ca_bundle, "host")
+        self._ssl = tls.client_context(ca_bundle) if scheme == "wss" else None
         if resume:
             self.uri = with_query(self.uri, **{openpi.QUERY_HANDSHAKE: "extended"})
         if response_format is not None:
@@ -205,6 +215,7 @@ class OpenPIClient:
             uri = with_query(uri, **{openpi.QUERY_RESUME: self.resume_token})
         ws = connect(
             uri,
+            ssl=self._ssl,
             additional_headers=self._headers,
             open_timeout=self.timeout_s,
             ping_interval=self.ping_interval_s,
@@ -250,6 +261,10 @@ class OpenPIClient:
                     raise AuthenticationError(_body_text(e), status, "unauthorized") from None
                 last = e
             except (OSError, TimeoutError, InvalidHandshake, ConnectionClosed) as e:
+                parts = urlsplit(self.uri)
+                secure = tls.secure_channel_error(e, f"{parts.scheme}://{parts.netloc}")
+                if secure is not None:  # a certificate that does not verify: no reconnect can fix it
+                    raise secure from e
                 last = e
             if attempt < self.max_reconnects:
                 delay = self.reconnect_backoff_s * (attempt + 1)
