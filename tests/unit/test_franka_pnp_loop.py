@@ -297,3 +297,28 @@ def test_the_server_side_franka_pnp_embodiment_matches_the_client():
     handshake = emb.openpi_server_config()
     assert handshake["embodiment"] == "franka_pnp" and handshake["action_space"] == "eef_delta"
     assert "embodiment" not in get_embodiment("libero_sim").openpi_server_config()
+
+
+def test_pnp_fills_the_base_loops_hooks_and_imports_nothing_private():
+    """franka_pnp runs DROID's one control tick: it overrides only public hooks of `EpisodeRunner` (never the tick,
+    `_control`, or another private method), and no module of the franka package imports a private name of another."""
+    import ast
+    from pathlib import Path
+
+    from dreamzero_client.franka.loop import EpisodeRunner
+
+    overridden = {n for n in vars(PnpEpisodeRunner) if n in vars(EpisodeRunner) and not n.startswith("__")}
+    assert overridden >= {"go_home", "read_devices", "accept_chunk", "execute_row"}, overridden
+    assert [n for n in overridden if n.startswith("_")] == []
+    assert "_control" not in vars(PnpEpisodeRunner)
+
+    franka = Path(__file__).resolve().parents[2] / "clients" / "dreamzero_client" / "franka"
+    private = [
+        f"{path.relative_to(franka)}: from {node.module} import {alias.name}"
+        for path in sorted(franka.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("dreamzero_client"))
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
+    assert private == []

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-# rows: joints 1..7 then the flange; columns: a (m), d (m), alpha (rad)
-_DH = np.array(
+#: rows: joints 1..7 then the flange; columns: a (m), d (m), alpha (rad) (pnp/arm_model.py builds its Jacobian on it)
+DH = np.array(
     [
         [0.0, 0.333, 0.0],
         [0.0, 0.0, -np.pi / 2],
@@ -25,7 +25,8 @@ _DH = np.array(
 HAND_TCP_OFFSET_M = 0.1034  # Franka Hand TCP along the flange z axis
 
 
-def _link_transform(a: float, d: float, alpha: float, theta: float) -> np.ndarray:
+def link_transform(a: float, d: float, alpha: float, theta: float) -> np.ndarray:
+    """One link of Craig's convention: RotX(alpha) @ TransX(a) @ RotZ(theta) @ TransZ(d) (4x4)."""
     ca, sa, ct, st = np.cos(alpha), np.sin(alpha), np.cos(theta), np.sin(theta)
     return np.array(
         [
@@ -41,8 +42,8 @@ def flange_pose(q: np.ndarray) -> np.ndarray:
     """4x4 pose of the flange in the base frame for joint positions q (7,)."""
     q = np.asarray(q, dtype=np.float64).reshape(7)
     pose = np.eye(4)
-    for (a, d, alpha), theta in zip(_DH, [*q, 0.0]):
-        pose = pose @ _link_transform(a, d, alpha, theta)
+    for (a, d, alpha), theta in zip(DH, [*q, 0.0]):
+        pose = pose @ link_transform(a, d, alpha, theta)
     return pose
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dreamzero_client.franka.kinematics import _DH, HAND_TCP_OFFSET_M, _link_transform
+from dreamzero_client.franka.kinematics import DH, HAND_TCP_OFFSET_M, link_transform
 from dreamzero_client.franka.pnp.rotations import make_pose, matrix_to_rotvec, rot_z
 
 _STALL_ITERATIONS = 4
@@ -25,8 +25,8 @@ FLANGE_TO_TCP = make_pose([0.0, 0.0, HAND_TCP_OFFSET_M], rot_z(-np.pi / 4))
 
 
 # each link is a constant part RotX(alpha) TransX(a) followed by RotZ(theta) TransZ(d); precompute the constant
-_LINK_FIXED = np.stack([_link_transform(a, 0.0, alpha, 0.0) for a, _, alpha in _DH])
-_LINK_D = _DH[:, 1].copy()
+_LINK_FIXED = np.stack([link_transform(a, 0.0, alpha, 0.0) for a, _, alpha in DH])
+_LINK_D = DH[:, 1].copy()
 
 
 def _frames(q: np.ndarray) -> np.ndarray:
