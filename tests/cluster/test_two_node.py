@@ -11,9 +11,7 @@ the hook sees Python-level opens such as config.json; files read by native code,
 seen, which is why the control is config.json). An audit hook is used rather than /proc/<pid>/fd, which shows only
 files open at the instant it is read.
 
-The cluster is private: its own temp dir and ports. `ray stop` would stop every Ray process on the machine (other
-clusters included), so teardown kills only this cluster's processes, found by the temp dir in their command line,
-with their children.
+The cluster is private: a temp dir and ports per node (tests/node_support.py); teardown kills exactly its processes.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,12 +29,12 @@ from pathlib import Path
 import pytest
 
 from tests.host_support import free_port
+from tests.node_support import COMMON, SLOW_AGENT_ENV, kill_node, node_ports, ray_start
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-RAY = str(Path(sys.executable).with_name("ray"))
-START_TIMEOUT_S, DRIVER_TIMEOUT_S = 240, 300
+DRIVER_TIMEOUT_S = 300
 HEAD_ONLY, GPU_NODE = {"head": 0.01}, {"gpu_node": 0.01}
 
 AUDIT_HOOK = textwrap.dedent(
@@ -69,52 +66,6 @@ AUDIT_HOOK = textwrap.dedent(
 )
 
 
-def _node_ports() -> list[str]:
-    names = (
-        "--node-manager-port", "--object-manager-port", "--metrics-export-port", "--runtime-env-agent-port",
-        "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-    )  # fmt: skip
-    return [f"{name}={free_port()}" for name in names]  # two nodes on one machine: no fixed default port twice
-
-
-def _ray_start(args: list[str], env: dict, temp_dir: str, attempts: int = 3) -> None:
-    """`ray start`, again after a failed try: on a loaded machine a node's Python agent can start slower than the
-    raylet waits for it (the raylet then exits); the failed try's processes are killed first."""
-    for attempt in range(attempts):
-        done = subprocess.run([RAY, "start", *args], env=env, timeout=START_TIMEOUT_S, capture_output=True, text=True)
-        if done.returncode == 0:
-            return
-        if attempt + 1 < attempts and "--head" in args:
-            _kill_cluster(temp_dir)
-    raise RuntimeError(f"ray start {' '.join(args)} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-
-
-def _kill_cluster(temp_dir: str) -> None:
-    """SIGKILL this cluster's processes (command line names its temp dir) and their children, by pid."""
-    import psutil
-
-    roots = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if proc.pid != os.getpid() and any(temp_dir in part for part in proc.info["cmdline"] or ()):
-                roots.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    victims = {}
-    for proc in roots:
-        try:
-            victims[proc.pid] = proc
-            victims.update({child.pid: child for child in proc.children(recursive=True)})
-        except psutil.NoSuchProcess:
-            continue
-    for pid in victims:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    psutil.wait_procs(list(victims.values()), timeout=10)
-
-
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     """(GCS address, checkpoint folder, audit folder) of a private two-node cluster, torn down afterwards."""
@@ -126,36 +77,39 @@ def two_nodes(tmp_path_factory):
     audit.mkdir()
     hook_dir.mkdir()
     (hook_dir / "sitecustomize.py").write_text(AUDIT_HOOK)
-    temp_dir = tempfile.mkdtemp(prefix="rtn", dir="/tmp")  # short: Ray's socket paths must stay under 108 bytes
+    # short, with different prefixes: Ray's socket paths stay under 108 bytes, neither dir a prefix of the other
+    head_dir = tempfile.mkdtemp(prefix="rth", dir="/tmp")
+    node_dir = tempfile.mkdtemp(prefix="rtg", dir="/tmp")
     base_env = {
         **os.environ,
+        **SLOW_AGENT_ENV,
         "RAY_AUTH_MODE": "disabled",
-        "RAY_TMPDIR": temp_dir,
-        "RAY_agent_register_timeout_ms": "240000",  # a busy 2-core machine starts the node's agent slowly
         "PYTHONPATH": os.pathsep.join([str(hook_dir), str(REPO), str(REPO / "clients")]),
         "DZ_AUDIT_ROOT": str(work / "ckpt"),
         "DZ_AUDIT_DIR": str(audit),
         "DREAMZERO_CACHE_DIR": str(work / "cache"),
     }
     port = free_port()
-    common = ["--disable-usage-stats", "--num-cpus=2", "--object-store-memory=100000000", "--node-ip-address=127.0.0.1"]
     try:
-        _ray_start(
-            ["--head", f"--port={port}", f"--temp-dir={temp_dir}", "--include-dashboard=false",
-             f"--dashboard-port={free_port()}", f"--ray-client-server-port={free_port()}",
-             "--resources", json.dumps({"head": 1}), *common, *_node_ports()],
-            {**base_env, "DZ_AUDIT_LABEL": "head"},
-            temp_dir,
+        ray_start(
+            ["--head", f"--port={port}", "--include-dashboard=false", f"--dashboard-port={free_port()}",
+             f"--ray-client-server-port={free_port()}", "--num-cpus=2", "--resources", json.dumps({"head": 1}),
+             *COMMON, *node_ports()],
+            {**base_env, "DZ_AUDIT_LABEL": "head", "RAY_TMPDIR": head_dir},
+            head_dir,
         )  # fmt: skip
-        _ray_start(
-            [f"--address=127.0.0.1:{port}", "--resources", json.dumps({"gpu_node": 1}), *common, *_node_ports()],
-            {**base_env, "DZ_AUDIT_LABEL": "gpu_node"},
-            temp_dir,
-        )
+        ray_start(
+            [f"--address=127.0.0.1:{port}", "--num-cpus=2", "--resources", json.dumps({"gpu_node": 1}),
+             *COMMON, *node_ports()],
+            {**base_env, "DZ_AUDIT_LABEL": "gpu_node", "RAY_TMPDIR": node_dir},
+            node_dir,
+        )  # fmt: skip
         yield f"127.0.0.1:{port}", checkpoint, audit
     finally:
-        _kill_cluster(temp_dir)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        kill_node(node_dir)
+        kill_node(head_dir)
+        shutil.rmtree(node_dir, ignore_errors=True)
+        shutil.rmtree(head_dir, ignore_errors=True)
 
 
 def test_policy_on_the_second_node_and_the_head_never_opens_the_checkpoint(two_nodes):
