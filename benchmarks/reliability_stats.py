@@ -102,7 +102,9 @@ class ContinuityLedger:
 
 
 def rss_drift(samples: Mapping[str, Sequence[tuple[float, int]]], warmup_s: float) -> dict[str, dict]:
-    """Per process: RSS (MiB) at the first sample after `warmup_s`, at the end, its max, and end - start.
+    """Per process: RSS (MiB) at the first sample after `warmup_s`, at the end, its max, end - start, and the
+    least-squares slope of every settled sample in MiB per hour (a leak shows as a steady slope, a transient batch
+    as one high sample that the end-to-end growth can miss or overstate).
 
     `samples` maps a process label to (seconds since the soak began, RSS bytes) pairs. A process with no sample
     after the warm-up is measured from its first sample.
@@ -118,9 +120,18 @@ def rss_drift(samples: Mapping[str, Sequence[tuple[float, int]]], warmup_s: floa
             "end_mib": round(mib[-1], 1),
             "max_mib": round(max(mib), 1),
             "growth_mib": round(mib[-1] - mib[0], 1),
+            "slope_mib_per_h": round(rss_slope_mib_per_h([t for t, _ in settled], mib), 2),
             "samples": len(settled),
         }
     return out
+
+
+def rss_slope_mib_per_h(times_s: Sequence[float], mib: Sequence[float]) -> float:
+    """Least-squares slope of `mib` over `times_s`, in MiB per hour (0 with fewer than two distinct times)."""
+    t = np.asarray(times_s, dtype=np.float64)
+    if t.size < 2 or np.ptp(t) == 0:
+        return 0.0
+    return float(np.polyfit(t / 3600.0, np.asarray(mib, dtype=np.float64), 1)[0])
 
 
 def rss_within(drift: Mapping[str, Mapping], bound_mib: float) -> bool:

@@ -20,6 +20,7 @@ from reliability_stats import (
     prometheus_values,
     recovery_time_s,
     rss_drift,
+    rss_slope_mib_per_h,
     rss_within,
 )
 
@@ -113,11 +114,24 @@ def test_rss_drift_measures_after_warmup_and_bound():
     samples = {"Policy#a": [(0, 100 * mib), (30, 200 * mib), (60, 210 * mib), (90, 205 * mib)], "Ingress#b": []}
     drift = rss_drift(samples, warmup_s=30)
     assert drift == {
-        "Policy#a": {"start_mib": 200.0, "end_mib": 205.0, "max_mib": 210.0, "growth_mib": 5.0, "samples": 3}
+        "Policy#a": {
+            "start_mib": 200.0,
+            "end_mib": 205.0,
+            "max_mib": 210.0,
+            "growth_mib": 5.0,
+            "slope_mib_per_h": 300.0,  # least squares over (30 s, 200), (60 s, 210), (90 s, 205): 5 MiB a minute
+            "samples": 3,
+        }
     }
     assert rss_within(drift, 5.0) and not rss_within(drift, 4.9)
     assert not rss_within({}, 100.0)  # nothing measured is not "flat"
     assert rss_drift({"p": [(0, mib), (1, 3 * mib)]}, warmup_s=10)["p"]["growth_mib"] == 2.0  # short: all samples
+
+
+def test_rss_slope_is_the_least_squares_rate_per_hour():
+    hours = [0.0, 0.25, 0.5, 0.75]
+    assert rss_slope_mib_per_h([h * 3600 for h in hours], [100 + 8 * h for h in hours]) == pytest.approx(8.0)
+    assert rss_slope_mib_per_h([10.0], [5.0]) == 0.0 and rss_slope_mib_per_h([3.0, 3.0], [1.0, 9.0]) == 0.0
 
 
 def test_prometheus_values_filter_by_labels():
