@@ -1,12 +1,14 @@
 """The import rules of docs/architecture.md ("Import direction"), checked over the whole tree by parsing the sources.
 
 Every module of every package is read (imports inside functions count; imports under `if TYPE_CHECKING:` are type
-hints and do not), and three rules hold:
+hints and do not), and four rules hold:
 1. no import circle between files;
 2. packages only import the packages below them (`ALLOWED`): the composition root on top, the client distribution
    at the ground, so no arrow runs back up;
 3. inside `deployments`, the layers of one request path: the ingress host, the doors (which never import each
-   other), the graph runner, the replicas and stages, and the shared pieces at the bottom (`DEPLOYMENT_LAYERS`).
+   other), the graph runner, the replicas and stages, and the shared pieces at the bottom (`DEPLOYMENT_LAYERS`);
+4. the model core takes no request type: of the client distribution it imports only the ground docs/architecture.md
+   declares (`CORE_GROUND`: the errors, the session report, the OpenPI / DROID key names).
 `test_a_planted_circle_or_upward_import_fails` plants a violation in a copy of the tree and sees each rule fail.
 """
 
@@ -42,6 +44,15 @@ ALLOWED = {
     "dreamzero_client": set(),
 }
 
+#: the modules of the client distribution the model core may import (docs/architecture.md, "Why the model core imports
+#: the client package"): never a request type or a parser; the server turns a wire request into a `ModelBatch`
+CORE_GROUND = {
+    "dreamzero_client.errors",
+    "dreamzero_client.droid",
+    "dreamzero_client.wire.openpi",
+    "dreamzero_client.wire.replies",
+}
+
 #: layers of `deployments`, top first: a module imports its own layer or lower ones; doors never import each other
 DEPLOYMENT_LAYERS = (
     ("host", ("deployments.ingress",)),
@@ -59,7 +70,7 @@ DEPLOYMENT_LAYERS = (
         "shared",
         (
             "deployments.settings", "deployments.sections", "deployments.error_replies", "deployments.metrics",
-            "deployments.routing", "deployments.auth",
+            "deployments.routing", "deployments.auth", "deployments.tenants",
         ),
     ),
 )  # fmt: skip
@@ -195,11 +206,22 @@ def layer_violations(graph: dict[str, set[str]]) -> list[str]:
     return bad
 
 
+def core_request_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of the model core from the client distribution beyond the declared ground (`CORE_GROUND`)."""
+    return [
+        f"{mod} -> {dep} (the model core imports only {sorted(CORE_GROUND)} of the client distribution)"
+        for mod, deps in sorted(graph.items())
+        if mod.split(".")[0] == "dreamzero"
+        for dep in sorted(deps)
+        if dep.split(".")[0] == "dreamzero_client" and dep not in CORE_GROUND
+    ]
+
+
 def problems(root: Path) -> list[str]:
     graph = tree_graph(root)
     cycle = find_cycle(graph)
     found = [f"import circle: {' -> '.join(cycle)}"] if cycle else []
-    return found + upward_imports(graph) + layer_violations(graph)
+    return found + upward_imports(graph) + layer_violations(graph) + core_request_imports(graph)
 
 
 def test_the_tree_has_no_circle_and_no_import_that_points_up():
@@ -236,6 +258,17 @@ def test_a_planted_circle_or_upward_import_fails(tmp_path):
 
     circle = plant("deployments/settings.py", "from deployments.policy import PolicyDeployment")
     assert any(p.startswith("import circle:") and "deployments.settings" in p for p in circle), circle
+    core_circle = plant("dreamzero/device.py", "from dreamzero.checkpoint.hf import read_weight_map")  # issue 31's
+    assert len(core_circle) == 1 and core_circle[0].startswith("import circle: "), core_circle
+    assert set(core_circle[0].removeprefix("import circle: ").split(" -> ")) == {
+        "dreamzero.device",
+        "dreamzero.checkpoint.hf",
+    }
+    request = plant("dreamzero/types.py", "from dreamzero_client.wire.generations import GenerationRequest")
+    assert request == [
+        "dreamzero.types -> dreamzero_client.wire.generations (the model core imports only "
+        f"{sorted(CORE_GROUND)} of the client distribution)"
+    ]
     upward = plant("dreamzero/types.py", "import serve_graph.config")
     assert any(p.startswith("dreamzero.types -> serve_graph.config") for p in upward), upward
     ground = plant("clients/dreamzero_client/wire/codec.py", "from dreamzero import errors")
