@@ -7,6 +7,7 @@ against. Every field carries a description: `docs/serving.md` is the readable re
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -261,6 +262,86 @@ class HttpArgs(Strict):
     retry_after_s: float = Field(1.0, gt=0, description="`Retry-After` sent with 503 when no better hint exists.")
 
 
+class ZmqCurveArgs(Strict):
+    """CURVE encryption and client authentication of the ZeroMQ door (docs/zmq.md, "Encryption: CURVE").
+
+    The server's secret key never sits in the YAML: a key file or an environment variable holds it, checked here and
+    read again by the door's replica when it binds. `python -m dreamzero_client.zmq_keys DIR NAME` makes key pairs.
+    """
+
+    secret_key_file: str | None = Field(
+        None,
+        description="The server's secret key: the `<name>.key_secret` certificate `dreamzero_client.zmq_keys` (or "
+        "zmq.auth.create_certificates) writes, or a file holding only the Z85 secret key (a mounted Kubernetes "
+        "secret). It must exist on the node of the door's replica.",
+    )
+    secret_key_env: str | None = Field(
+        None,
+        description="Instead of a file: the name of an environment variable holding the Z85 secret key (40 "
+        "characters), set where the Ray workers run.",
+    )
+    client_keys: list[str] = Field(
+        default_factory=list,
+        description="Z85 public keys of the clients let in (public keys: safe in the YAML). With `client_keys_dir`, "
+        "the union; both empty: any client that knows the server's public key gets in (still encrypted, and the "
+        "api_token check still applies).",
+    )
+    client_keys_dir: str | None = Field(
+        None, description="A directory of client public certificates (`<name>.key`), read when the door starts."
+    )
+
+    @model_validator(mode="after")
+    def _keys(self) -> ZmqCurveArgs:
+        import zmq
+
+        from dreamzero_client import zmq_keys
+
+        if not zmq.has("curve"):
+            raise ValueError("this pyzmq's libzmq was built without CURVE (libsodium); install the pyzmq wheel")
+        if (self.secret_key_file is None) == (self.secret_key_env is None):
+            raise ValueError(
+                "give the server's secret key as exactly one of secret_key_file or secret_key_env "
+                "(python -m dreamzero_client.zmq_keys DIR NAME makes a key pair)"
+            )
+        try:  # pydantic's error already says `zmq.curve`: the messages name the field below it
+            self.server_keys(field_prefix="")
+            for i, key in enumerate(self.client_keys):
+                zmq_keys.check_key(key, f"client_keys[{i}]")
+            if self.client_keys_dir is not None and not zmq_keys.read_public_keys_dir(
+                existing_path(self.client_keys_dir, Path.is_dir, "is not a directory: point client_keys_dir at one"),
+                "client_keys_dir",
+            ):
+                raise ValueError(f"client_keys_dir {self.client_keys_dir!r} holds no client certificate (*.key)")
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def server_keys(self, field_prefix: str = "zmq.curve.") -> tuple[bytes, bytes]:
+        """(public, secret) Z85 keys of the server, read now from the file or the environment variable."""
+        import zmq
+
+        from dreamzero_client import zmq_keys
+
+        if self.secret_key_file is not None:
+            return zmq_keys.read_secret_key(self.secret_key_file, f"{field_prefix}secret_key_file")
+        value = os.environ.get(self.secret_key_env or "", "").strip()
+        if not value:
+            raise ConfigError(
+                f"{field_prefix}secret_key_env names {self.secret_key_env!r}, which is unset or empty here"
+            )
+        secret = zmq_keys.check_key(value, f"{field_prefix}secret_key_env (${self.secret_key_env})")
+        return zmq.curve_public(secret), secret
+
+    def allowed_clients(self) -> frozenset[bytes] | None:
+        """The Z85 public keys let in (read now), or None when any client with the server's public key may enter."""
+        from dreamzero_client import zmq_keys
+
+        keys = [zmq_keys.check_key(k, "zmq.curve.client_keys") for k in self.client_keys]
+        if self.client_keys_dir is not None:
+            keys += zmq_keys.read_public_keys_dir(self.client_keys_dir, "zmq.curve.client_keys_dir")
+        return frozenset(keys) if keys else None
+
+
 class ZmqArgs(Strict):
     """The ZeroMQ front door for RLDX-1 / Isaac-GR00T clients (docs/zmq.md); off unless `zmq:` is given."""
 
@@ -273,6 +354,9 @@ class ZmqArgs(Strict):
     max_in_flight: int = Field(256, ge=1, description="Requests in flight at once; more get an error reply.")
     allow_kill: bool = Field(False, description="Let the `kill` endpoint close the door (refused when false).")
     num_cpus: float = Field(0.0, ge=0, description="CPUs reserved for the door's replica.")
+    curve: ZmqCurveArgs | None = Field(
+        None, description="CURVE encryption (and an allow-list of client keys); null: plain TCP, as RLDX-1 speaks it."
+    )
 
 
 class VideoArgs(Strict):

@@ -58,6 +58,7 @@ class ZmqDoor:
         self.sessions: OrderedDict[str, dict[str, str]] = OrderedDict()
         self.in_flight = 0
         self.killed = asyncio.Event()
+        self._zap = self._zap_context = None  # CURVE allow-list: the ZAP handler and its context (bind)
 
     # --- one message ----------------------------------------------------------------------------------------------
     async def handle(self, identity: bytes, payload: bytes) -> bytes:
@@ -190,15 +191,32 @@ class ZmqDoor:
 
     # --- the socket -------------------------------------------------------------------------------------------------
     def bind(self):
-        """A bound ROUTER socket of pyzmq's asyncio flavour; ZMQ itself drops messages over the size limit."""
+        """A bound ROUTER socket of pyzmq's asyncio flavour; ZMQ itself drops messages over the size limit.
+
+        With `zmq.curve` the socket is a CURVE server (every byte encrypted; a peer without the server's public key, or
+        a plain one, never completes the handshake), and with an allow-list of client keys a ZAP handler refuses every
+        other key during the handshake, before a message reaches `handle`. The handler lives on a context of the
+        door's own (ZAP is one handler per context), bound before the socket, so no handshake escapes it.
+        """
         import zmq
         import zmq.asyncio
 
+        curve = self.zcfg.curve
+        allowed = curve.allowed_clients() if curve is not None else None
         ctx = zmq.asyncio.Context.instance()
+        if allowed is not None:
+            ctx = self._zap_context = zmq.asyncio.Context()
+            self._zap = start_zap(ctx, allowed)
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.MAXMSGSIZE, self.zcfg.max_message_bytes)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a reply to a peer that left is dropped, not an error
+        if curve is not None:
+            public, sock.curve_secretkey = curve.server_keys()
+            sock.curve_publickey = public
+            sock.curve_server = True
+            who = "any client with the server key" if allowed is None else f"{len(allowed)} client keys"
+            log.info("ZMQ door: CURVE, server public key %s, lets in %s", public.decode(), who)
         sock.bind(f"tcp://{self.zcfg.host}:{self.zcfg.port}")
         return sock
 
@@ -225,6 +243,9 @@ class ZmqDoor:
             if tasks:  # let replies in flight (e.g. the kill acknowledgement) leave
                 await asyncio.wait(tasks, timeout=5.0)
             sock.close(linger=0)
+            if self._zap is not None:
+                self._zap.stop()
+                self._zap_context.destroy(linger=0)
 
     async def _answer(self, sock, envelope: list[bytes], payload: bytes) -> None:
         reply = await self.handle(envelope[0], payload)
@@ -232,6 +253,29 @@ class ZmqDoor:
             await sock.send_multipart([*envelope, reply])
         except Exception as exc:  # noqa: BLE001 - the peer may be gone; nothing else to do
             log.warning("could not send a ZMQ reply: %s", type(exc).__name__)
+
+
+def start_zap(ctx, allowed: frozenset[bytes]):
+    """A ZAP handler on `ctx` that lets in the CURVE clients whose Z85 public key is in `allowed` (ZAP status 400 to
+    the others, which their client sees as a refused handshake). Each refused key is logged once: a refused peer
+    reconnects every few hundred milliseconds."""
+    from zmq.auth.asyncio import AsyncioAuthenticator
+
+    refused: set[bytes] = set()
+
+    class AllowList:
+        def callback(self, domain: str, key: bytes) -> bool:
+            if key in allowed:
+                return True
+            if key not in refused and len(refused) < 1024:
+                refused.add(key)
+                log.warning("ZMQ door refused a CURVE client key not in zmq.curve.client_keys: %s", key.decode())
+            return False
+
+    auth = AsyncioAuthenticator(ctx, log=logging.getLogger("dreamzero.serve.zmq.zap"))
+    auth.start()
+    auth.configure_curve_callback("*", credentials_provider=AllowList())
+    return auth
 
 
 class ZmqIngressDeployment:
