@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -14,6 +14,9 @@ import httpx
 import numpy as np
 
 from dreamzero_client.wire import codec, generations
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ of the repository
+from tests.host_support import free_port
 
 GEN = "/v1/actions/generations"
 MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}
@@ -43,9 +46,7 @@ def start_serve(num_cpus: int = 2, proxy_fast_path: bool = False, haproxy: bool 
         os.environ.update(HAPROXY_ENV)
     if "RAY_TMPDIR" not in os.environ:
         os.environ["RAY_TMPDIR"] = _OWN_TMP["dir"] = tempfile.mkdtemp(prefix="rayB", dir="/tmp")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     try:
         ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False)
         serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import socket
@@ -41,3 +42,26 @@ def test_kill_leftovers_ends_the_marked_process():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _binds_port_0(node) -> bool:
+    """`("127.0.0.1", 0)` and the like: an address whose port the OS picks."""
+    if not (isinstance(node, ast.Tuple) and len(node.elts) == 2):
+        return False
+    host, port = node.elts
+    return isinstance(port, ast.Constant) and port.value == 0 and isinstance(host, ast.Constant) and host.value in (
+        "127.0.0.1", "", "0.0.0.0", "localhost"
+    )  # fmt: skip
+
+
+def test_benchmarks_and_scripts_share_these_helpers_instead_of_copying_them():
+    """A free port is picked, and Ray's leftovers are found in /proc, only here: benchmarks/ and scripts/ import it."""
+    root = Path(__file__).resolve().parents[2]
+    copies = []
+    for path in sorted([*(root / "benchmarks").glob("*.py"), *(root / "scripts").glob("*.py")]):
+        tree = ast.parse(path.read_text())
+        defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+        copies += [f"{path.name} defines {name}" for name in sorted(defined & {"free_port", "pids_using"})]
+        copies += [f"{path.name} binds port 0 itself"] if any(_binds_port_0(n) for n in ast.walk(tree)) else []
+    assert copies == [], "use tests.host_support (free_port, pids_using, kill_leftovers)"
+    assert _binds_port_0(ast.parse('s.bind(("127.0.0.1", 0))').body[0].value.args[0])  # the check reads real code
