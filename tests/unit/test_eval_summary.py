@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,23 @@ def test_committed_summaries_hold_no_absolute_path(path):
     assert _absolute_paths(summary) == []
     for ep in summary["episode_records"]:  # the report's links are relative to the run folder
         assert ep["video"] is None or not Path(ep["video"]).is_absolute()
+
+
+#: a POSIX absolute path of at least two parts (`/work/main/runs`, `/tmp/x/y`), not a URL's path or a closing tag
+_ABSOLUTE_IN_TEXT = re.compile(r"(?<![\w.:/~<])/(?:[\w.-]+/)+[\w.-]*")
+
+
+def test_no_committed_eval_file_holds_a_path_of_the_machine_that_wrote_it():
+    """Every text file under docs/eval (summaries, episode records, reports) as the repository holds it."""
+    import subprocess
+
+    listed = subprocess.run(
+        ["git", "ls-files", "docs/eval"], cwd=REPO_ROOT, capture_output=True, text=True, check=True, timeout=30
+    ).stdout.split()
+    texts = [REPO_ROOT / p for p in listed if Path(p).suffix in {".json", ".jsonl", ".md", ".html", ".txt", ".csv"}]
+    assert any(p.name == "summary.json" for p in texts)
+    found = {str(p.relative_to(REPO_ROOT)): _ABSOLUTE_IN_TEXT.findall(p.read_text()) for p in texts}
+    assert {k: v for k, v in found.items() if v} == {}
+    assert _ABSOLUTE_IN_TEXT.findall('"out_dir": "/work/main/runs/x", <a href="videos/a.mp4"></a>') == [
+        "/work/main/runs/x"
+    ]
