@@ -33,6 +33,8 @@ Where each part lives:
 | `compile` | `compile_model` (`pipeline.compile` levels) |
 | `budget` | the session byte budget: `resolve_session_budget` (`sessions.max_bytes: auto`), `split_budget`, warm-up |
 | `timer` | `StageTimer`: per-stage wall time (`ChunkResult.timings_ms`) |
+| `video` | predicted video: the rows that ask (`return_video`) decode their chunk into uint8 frames |
+| `cfg_parallel` | `BranchGroup`: the two guidance branches on two ranks (`policy.cfg_parallel: 2`) |
 """
 
 from dreamzero.pipeline.batch_cache import BatchCache, split_caches, stack_caches
