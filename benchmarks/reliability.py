@@ -40,13 +40,16 @@ SERVER_ARGS = {
     "pipeline": {"num_inference_steps": 2, "dit_step_mask": None},
     "sessions": {"max_sessions": 64, "ttl_s": 600},
     "batching": {"max_batch_size": 8, "batch_wait_timeout_s": 0.01},
-    "http": {"ws_idle_timeout_s": 10.0},
+    # the door's own bounds, as shipped: Serve's proxy timeout stays off (it would end every WebSocket connection at
+    # that age), and a request body that has not arrived within request_timeout_s is a 408 from the door
+    "http": {"ws_idle_timeout_s": 10.0, "request_timeout_s": 60.0},
     # every raw request crosses all four deployments, so a Preprocess kill is felt (the shipped `auto` transforms
     # usual sizes in the ingress, where a Preprocess kill touches only large requests)
     "preprocess": {"placement": "replicas"},
     "postprocess": {"placement": "replicas"},
 }
 BASE_POLICY_REPLICAS = 2
+DOOR_TIMEOUT_S = SERVER_ARGS["http"]["request_timeout_s"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -331,7 +334,7 @@ def scenario_disconnect(cluster, args) -> dict:
 
     def misbehave() -> None:
         with ThreadPoolExecutor(6) as pool:
-            trickle = pool.submit(_trickle_http, cluster.url, args.trickle_s, cluster.request_timeout_s + 30)
+            trickle = pool.submit(_trickle_http, cluster.url, args.trickle_s, DOOR_TIMEOUT_S + 30)
             silent = pool.submit(_ws_silent, cluster.url, SERVER_ARGS["http"]["ws_idle_timeout_s"] + 30)
             hangups = [pool.submit(_ws_hang_up, cluster.url, i) for i in range(args.disconnects)]
             outcomes = Counter()
@@ -341,7 +344,7 @@ def scenario_disconnect(cluster, args) -> dict:
                 except Exception as exc:  # noqa: BLE001 - reported
                     outcomes[type(exc).__name__] += 1
             results["hang_ups"] = dict(outcomes)
-            results["trickle_http"] = trickle.result(timeout=args.trickle_s + cluster.request_timeout_s + 90)
+            results["trickle_http"] = trickle.result(timeout=args.trickle_s + DOOR_TIMEOUT_S + 90)
             results["silent_ws"] = silent.result(timeout=SERVER_ARGS["http"]["ws_idle_timeout_s"] + 90)
         for w in side:
             w.stop.set()
@@ -350,18 +353,26 @@ def scenario_disconnect(cluster, args) -> dict:
     out = {**summarise(side, hung), **results}
     ws_after, ws_wait = _settle(cluster, "ray_dreamzero_ws_connections", ws_before, 60)
     t0 = time.monotonic()
+    # the side clients resume (OpenPIClient(resume=True)): their one session each stays for a reconnect until the
+    # TTL, by design; the hang-ups' plain connections must leave nothing behind
+    expected = live_before + len(side)
     live_after = _live_sessions(cluster)
-    while live_after > live_before and time.monotonic() - t0 < 60:  # a dropped session is freed within a call
+    while live_after > expected and time.monotonic() - t0 < 60:  # a dropped session is freed within a call
         time.sleep(1.0)
         live_after = _live_sessions(cluster)
     out["ws_connections"] = {"before": ws_before, "after": ws_after, "settled_in_s": ws_wait}
-    out["live_sessions"] = {"before": live_before, "after": live_after, "settled_in_s": round(time.monotonic() - t0, 1)}
+    out["live_sessions"] = {
+        "before": live_before,
+        "resumable_side_sessions": len(side),
+        "after": live_after,
+        "settled_in_s": round(time.monotonic() - t0, 1),
+    }
     out["pass"] = (
         not hung
         and out["errors"] == 0
         and ws_after is not None
         and ws_after <= ws_before
-        and live_after <= live_before
+        and live_after <= expected
         and results["silent_ws"]["outcome"].startswith("closed")
         and not results["trickle_http"]["outcome"].startswith("HTTP/1.1 200")
     )
@@ -444,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict = {"_run": {"argv": sys.argv[1:], "scenarios": args.scenarios, "server_args": SERVER_ARGS}}
     t_start = time.time()
-    with Cluster(request_timeout_s=60.0) as cluster:
+    with Cluster(request_timeout_s=None) as cluster:
         t0 = time.monotonic()
         cluster.deploy(SERVER_ARGS, policy_replicas=BASE_POLICY_REPLICAS)
         results["_run"]["deploy_s"] = round(time.monotonic() - t0, 1)

@@ -45,9 +45,10 @@ def _replica_label(title: str) -> str | None:
 
 
 class Cluster:
-    """`with Cluster(request_timeout_s) as c: c.deploy(args, policy_replicas=2)`; c.url is the HTTP front door."""
+    """`with Cluster(request_timeout_s) as c: c.deploy(args, policy_replicas=2)`; c.url is the HTTP front door.
+    `request_timeout_s`: Serve's proxy timeout; None (as the shipped serve_config.yaml) leaves it off."""
 
-    def __init__(self, request_timeout_s: float = 60.0):
+    def __init__(self, request_timeout_s: float | None = None):
         self.request_timeout_s = request_timeout_s
         self.ray_tmp = tempfile.mkdtemp(prefix="rayRel", dir="/tmp")  # short: Ray's socket paths have a length limit
         self.url = ""
@@ -76,7 +77,10 @@ class Cluster:
                     self._kill_leftovers(grace_s=5)
                     if attempt == START_ATTEMPTS - 1:
                         raise
-            serve.start(http_options={"host": "127.0.0.1", "port": port, "request_timeout_s": self.request_timeout_s})
+            http = {"host": "127.0.0.1", "port": port}
+            if self.request_timeout_s is not None:
+                http["request_timeout_s"] = self.request_timeout_s
+            serve.start(http_options=http)
         except BaseException:
             self.close()
             raise
