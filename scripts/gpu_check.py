@@ -47,6 +47,9 @@ REQUIRED_FIGURES = (
     "rows_chosen",
     "sessions_admitted",
 )
+#: sessions batched in one call whose chunk p50 / p95 the tier must have written: a GPU's batch sizes (how many
+#: robots one GPU serves), and the rehearsal's (tests/gpu/test_gpu_tier.py: BATCH_SIZES)
+BATCH_SIZES = {"gpu": (1, 2, 4, 8), "rehearsal": (1, 2)}
 #: seconds kept back for the stages after the tier (the benchmark needs at least this much)
 BENCH_MIN_S = 90
 
@@ -93,11 +96,27 @@ def read_figures(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def required_figures(rehearse: bool) -> tuple[str, ...]:
+    """Every figure the GPU section must hold: the fixed ones, then chunk p50 / p95 per batch size and the robots
+    one GPU serves."""
+    sizes = BATCH_SIZES["rehearsal" if rehearse else "gpu"]
+    batched = tuple(f"chunk_ms_{q}_batch_{n}" for n in sizes for q in ("p50", "p95"))
+    return (*REQUIRED_FIGURES, *batched, "robots_per_gpu")
+
+
 def check_bench(record: dict) -> None:
-    """Every compile-none row ran eager and every compiled row compiled (the benchmark's own observation)."""
+    """Both compile modes ran for every step mode (at least 16 steps and the 8-step mask), every compile-none row
+    eager and every compiled row compiled (the benchmark's own observation)."""
     rows = record.get("rows") or {}
     if not rows:
         raise StageFailed("bench", "the benchmark wrote no rows")
+    eager = {name for name in rows if "compile" not in name}
+    compiled = {name.removesuffix(", compile dit") for name in rows if name.endswith(", compile dit")}
+    missing = sorted({"16 steps", "8-step mask (upstream)"} - eager) + sorted(
+        f"{name}, compile dit" if name in eager else name for name in eager ^ compiled
+    )
+    if missing:
+        raise StageFailed("bench", f"no row for {', '.join(repr(m) for m in missing)}: run --compile none,dit")
     for name, row in rows.items():
         want = "dit.blocks" if "compile dit" in name else "none"
         if row.get("compiled") != want:
@@ -126,8 +145,8 @@ def render_section(figures: list[dict], bench: dict | None, rehearse: bool, took
     return "\n".join(lines) + "\n"
 
 
-def check_section(figures: list[dict]) -> None:
-    missing = [name for name in REQUIRED_FIGURES if not any(f["figure"] == name for f in figures)]
+def check_section(figures: list[dict], rehearse: bool) -> None:
+    missing = [name for name in required_figures(rehearse) if not any(f["figure"] == name for f in figures)]
     if missing:
         raise StageFailed("docs", f"the tier wrote no {', '.join(missing)} (GPU_CHECK_FIGURES)")
 
@@ -188,7 +207,7 @@ def main(argv=None) -> int:
             run("offline", cmd, clock.left() - 5, {**env, "GPU_CHECK_REHEARSAL": "1"}, logs / "offline.txt")
         if "docs" in stages:
             figures = read_figures(figures_path)
-            check_section(figures)
+            check_section(figures, args.rehearse)
             docs = Path(args.docs) if args.docs else ROOT / "docs" / "benchmarks.md"
             if args.rehearse and not args.docs:  # never commit CPU figures: write a scratch copy, check it
                 docs = scratch / "benchmarks.md"
@@ -196,7 +215,8 @@ def main(argv=None) -> int:
             intro = "Written by `scripts/gpu-check.sh` (every figure of the GPU tier and the 14B latency benchmark)."
             write_docs(docs, render_section(figures, bench, args.rehearse, clock.elapsed()), "## GPU", intro)
             section = docs.read_text().split("## GPU", 1)[1]
-            if any(name not in section for name in REQUIRED_FIGURES):
+            table = bench["table"].rstrip() if bench is not None else ""
+            if any(f"| {name} |" not in section for name in required_figures(args.rehearse)) or table not in section:
                 raise StageFailed("docs", f"the GPU section of {docs} is incomplete")
             print(f"gpu-check: wrote the GPU section of {docs}", flush=True)
     except StageFailed as exc:
