@@ -12,13 +12,14 @@
 # uses); --platform a manylinux tag (older manylinux tags are accepted too). The pip used is $PYTHON -m pip, by
 # default .venv/bin/python's (else python3's). Prints every wheel with its size and the folder's total.
 # Exit status: 0 done; 1 pip could not download a wheel (no network, or no wheel for that Python/platform: its
-# message says which); 2 bad arguments, or the folder is over $GPU_WHEELS_LIMIT_MIB (default 28 MiB, so that the
-# repository and the wheels stay well under the 64 MiB that can travel to the GPU machine): the message names the
-# largest wheels to drop.
+# message says which); 2 bad arguments, the folder is over $GPU_WHEELS_LIMIT_MIB (default 28 MiB), or the folder and
+# the repository's tracked files together are over $GPU_TRAVEL_LIMIT_MIB (default 64 MiB, what can travel to the GPU
+# machine): the message names the largest wheels to drop.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 REQ=$ROOT/scripts/gpu-requirements.txt
 LIMIT_MIB=${GPU_WHEELS_LIMIT_MIB:-28}
+TRAVEL_MIB=${GPU_TRAVEL_LIMIT_MIB:-64}
 
 usage() {
   sed -n '/^#   scripts/p' "$0" | sed 's/^#   /usage: /' >&2
@@ -118,9 +119,23 @@ awk '{printf "  %8.2f MiB  %s\n", $1 / 1048576, $2}' <<<"$listing"
 bytes=$(awk '{b += $1} END {print b}' <<<"$listing")
 total=$(awk -v b="$bytes" 'BEGIN {printf "%.1f", b / 1048576}')
 echo "gpu-wheels: $(grep -c '\.whl$' <<<"$listing") wheels, $total MiB in $out (limit $LIMIT_MIB MiB)"
+largest=$(grep '\.whl$' <<<"$listing" | head -3 |
+  awk '{printf "%s%s (%.1f MiB)", (NR > 1 ? ", " : ""), $2, $1 / 1048576}')
 if [ "$bytes" -gt $((LIMIT_MIB * 1048576)) ]; then
-  largest=$(grep '\.whl$' <<<"$listing" | head -3 |
-    awk '{printf "%s%s (%.1f MiB)", (NR > 1 ? ", " : ""), $2, $1 / 1048576}')
   fail "$out is $total MiB, over the $LIMIT_MIB MiB that leaves room for the repository beside it: drop from \
 scripts/gpu-requirements.txt what the GPU machine already has or the GPU tier does not need; the largest: $largest"
+fi
+
+# the repository's tracked files travel with the folder (outside a git checkout there is nothing to count)
+repo_bytes=$(cd "$ROOT" && git ls-files -z 2>/dev/null | xargs -0 -r stat -c %s -- 2>/dev/null |
+  awk '{b += $1} END {print b + 0}') || true
+if [ "${repo_bytes:-0}" -gt 0 ]; then
+  travel=$((bytes + repo_bytes))
+  sizes=$(awk -v w="$bytes" -v r="$repo_bytes" \
+    'BEGIN {printf "%.1f MiB of wheels + %.1f MiB of tracked files = %.1f MiB", w / 2^20, r / 2^20, (w + r) / 2^20}')
+  echo "gpu-wheels: $sizes travel to the GPU machine (limit $TRAVEL_MIB MiB)"
+  if [ "$travel" -gt $((TRAVEL_MIB * 1048576)) ]; then
+    fail "$sizes, over the $TRAVEL_MIB MiB that can travel to the GPU machine: drop wheels from \
+scripts/gpu-requirements.txt (the largest: $largest) or leave large tracked files the GPU check does not read behind"
+  fi
 fi

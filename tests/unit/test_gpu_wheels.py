@@ -177,3 +177,51 @@ def test_gpu_wheels_downloads_exactly_the_list_as_wheels():
     for flag in ("--no-deps", "--only-binary=:all:", '-r "$REQ"'):
         assert flag in download[0], f"pip download without {flag}"
     assert "scripts/gpu-requirements.txt" in script and "requirements.txt" in script
+
+
+def _fake_pip_python(tmp_path, wheel_bytes: int) -> Path:
+    """A Python whose `-m pip download` writes one stub wheel of `wheel_bytes` per pin (no network); anything else
+    runs the real interpreter."""
+    import sys
+
+    fake = tmp_path / "python"
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [ "$1 $2 $3" = "-m pip download" ]; then\n'
+        "  while [ $# -gt 0 ]; do case $1 in -d) dir=$2; shift ;; -r) req=$2; shift ;; esac; shift; done\n"
+        "  grep -E '^[A-Za-z0-9]' \"$req\" | sed 's/ *#.*//' | while IFS='=' read -r name _ version; do\n"
+        f'    head -c {wheel_bytes} /dev/zero > "$dir/${{name//-/_}}-$version-py3-none-any.whl"\n'
+        "  done\n"
+        "  exit 0\n"
+        "fi\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    fake.chmod(0o755)
+    return fake
+
+
+def test_gpu_wheels_counts_the_repository_that_travels_with_the_folder(tmp_path):
+    """The wheels and the repository's tracked files must fit the 64 MiB that can travel to the GPU machine
+    together: the script reports the sum and refuses a folder that would push it over (here: a lowered limit)."""
+    import os
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=30).stdout
+    repo_bytes = sum((ROOT / p).stat().st_size for p in tracked.decode().split("\0") if p and (ROOT / p).exists())
+    wheel_bytes = 100 * 1024
+    env = {**os.environ, "PYTHON": str(_fake_pip_python(tmp_path, wheel_bytes))}
+
+    def run(out: str, travel_mib: int) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(WHEELS), str(tmp_path / out)], capture_output=True, text=True, timeout=120,
+            env={**env, "GPU_TRAVEL_LIMIT_MIB": str(travel_mib)},
+        )  # fmt: skip
+
+    wheels = len(pins()) * wheel_bytes
+    ok = run("fits", 64)
+    assert ok.returncode == 0, ok.stderr
+    assert f"{wheels / 2**20:.1f} MiB of wheels + {repo_bytes / 2**20:.1f} MiB of tracked files" in ok.stdout
+    assert "travel to the GPU machine (limit 64 MiB)" in ok.stdout
+    too_much = run("over", int(repo_bytes / 2**20))  # the repository alone fills the limit: any wheel is too much
+    assert too_much.returncode == 2, too_much.stderr
+    assert "over the" in too_much.stderr and "MiB that can travel to the GPU machine" in too_much.stderr
