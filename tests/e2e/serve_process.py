@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,10 @@ class ServeRun:
     replica, harmless on a CPU), which only makes sense on a CPU simulating a GPU: $DREAMZERO_SIMULATED_GPU, from
     this process's environment or `env`, reaches `serve run` and its replicas (ValueError when neither has it). With
     CUDA nothing is overridden: Ray finds the real GPUs.
+
+    `http_options` is merged into the config's `http_options:`; with `ssl_certfile` there the proxy serves HTTPS and
+    WSS, `url` is `https://localhost:<port>` (the test certificate's name) and /health is polled verifying it against
+    `ca_bundle`.
     """
 
     def __init__(
@@ -48,11 +53,15 @@ class ServeRun:
         env: dict[str, str] | None = None,
         config: Path = ROOT / "serve_config.yaml",
         gpus: int | None = None,
+        http_options: dict[str, Any] | None = None,
+        ca_bundle: Path | None = None,
     ):
         self.workdir = Path(workdir)
         self.port = free_port()
         cfg = yaml.safe_load(Path(config).read_text())
-        cfg["http_options"].update({"host": "127.0.0.1", "port": self.port})
+        cfg["http_options"].update({"host": "127.0.0.1", "port": self.port, **(http_options or {})})
+        tls = bool(cfg["http_options"].get("ssl_certfile"))
+        self.verify = ssl.create_default_context(cafile=str(ca_bundle)) if ca_bundle else True
         if args:
             cfg["applications"][0].setdefault("args", {}).update(args)
         self.config_path = self.workdir / "serve_config.yaml"
@@ -69,7 +78,7 @@ class ServeRun:
                 "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{self.ray_tmp}/haproxy/admin.sock",
             }
         self.log_path = self.workdir / "serve_run.log"
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"https://localhost:{self.port}" if tls else f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
 
     def _advertise_gpus(self, gpus: int) -> None:
@@ -106,7 +115,7 @@ class ServeRun:
 
     def _wait_healthy(self) -> None:
         deadline = time.monotonic() + HEALTH_TIMEOUT_S
-        with httpx.Client(timeout=5, trust_env=False) as client:
+        with httpx.Client(timeout=5, trust_env=False, verify=self.verify) as client:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
                     raise RuntimeError(f"serve run exited with {self.proc.returncode}:\n{self.log_tail()}")
