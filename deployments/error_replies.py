@@ -1,7 +1,8 @@
 """The one table that maps exceptions to HTTP replies and OpenPI WebSocket error frames.
 
-Client mistakes become a 4xx that names the field; capacity problems and lost replicas become a retryable 503 with
-`Retry-After`; everything else becomes a 500 with a fixed message. No traceback ever reaches a client.
+Client mistakes become a 4xx that names the field; a tenant over one of its quotas a 429 (with `Retry-After` when
+waiting helps); capacity problems and lost replicas become a retryable 503 with `Retry-After`; everything else
+becomes a 500 with a fixed message. No traceback ever reaches a client.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ STATUS_TABLE: tuple[tuple[type[BaseException], int], ...] = (
     (errors.InvalidObservation, 422),
     (errors.InvalidRequest, 400),
     (errors.Unauthorized, 401),
+    (errors.QuotaExceeded, 429),
     (errors.CapacityError, 503),
     (errors.NotReady, 503),
     # Ray-side conditions a client should retry: queue full, replica gone or restarting, graph timeout.
@@ -86,7 +88,7 @@ def classify(exc: BaseException, default_retry_after_s: float = 1.0) -> ErrorRep
         log.error("internal error answered as 500", exc_info=exc)
         return ErrorReply(500, "internal_error", INTERNAL_MESSAGE)
     if isinstance(exc, errors.DreamZeroError):
-        retry = getattr(exc, "retry_after_s", None) if status == 503 else None
+        retry = getattr(exc, "retry_after_s", None) if status in (429, 503) else None
         return ErrorReply(status, exc.code, str(exc), getattr(exc, "field", None), retry)
     # a Ray-side retryable condition: say what happened without leaking internals
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
@@ -106,6 +108,10 @@ def reply_response(reply: ErrorReply, flavour: str = codec.JSON) -> Response:
 
 
 def ws_error_frame(exc: BaseException) -> dict:
-    """The vllm-omni style error frame; the socket stays open after it."""
+    """The vllm-omni style error frame; the socket stays open after it. A retryable one (429, 503) also says when to
+    retry (`retry_after_s`, as the ZeroMQ door's error reply does)."""
     reply = classify(exc)
-    return {**openpi.error_frame(reply.message, reply.code, reply.field), "status": reply.status}
+    frame = {**openpi.error_frame(reply.message, reply.code, reply.field), "status": reply.status}
+    if reply.retry_after_s is not None:
+        frame["retry_after_s"] = reply.retry_after_s
+    return frame

@@ -4,11 +4,17 @@ HTTP, the OpenPI WebSocket and the ZeroMQ door each decode their wire into a `Ge
 `GraphRunner.run` and encode the `GraphReply` in their own format; so the transport choice, the stage timings, the
 deadline, the cancellation of downstream calls and the session reports are the same whichever door a robot uses.
 Errors are raised as they are; each door maps them through the one table (`deployments.error_replies`).
+
+Tenants are applied here, once for every door: the caller's tenant (from its key, `deployments.auth`) scopes every
+session id and the routing key (`deployments.tenants.scoped_id`), its rate and rows quotas are checked before
+anything leaves the door, its session quotas travel with the request to the Policy replica, and the reply's session
+reports carry the ids the door passed in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -23,7 +29,8 @@ from deployments.preprocess import load_embodiment, normalised_batch
 from deployments.routing import policy_generate, sticky_call
 from deployments.settings import GraphSettings
 from deployments.stages import RawStages
-from dreamzero.errors import CapacityError, InvalidObservation, NotReady
+from deployments.tenants import DEFAULT_TENANT, SessionLimits, TenantQuotas, scoped_id
+from dreamzero.errors import CapacityError, InvalidObservation, NotReady, QuotaExceeded
 from dreamzero.types import SessionReport
 from dreamzero_client.wire.generations import GenerationRequest
 
@@ -41,6 +48,21 @@ class GraphReply:
     replica: str
     batch_requests: int = 1  # requests merged into the model call that served this one
     video: np.ndarray | None = None  # uint8 [B, T, H, W, 3] predicted frames (`return_video` requests only)
+
+
+def scope_request(req: GenerationRequest, tenant: str) -> GenerationRequest:
+    """The request as the model and the router see it: session ids and routing key scoped by the tenant (the
+    `default` tenant's request as it is, unless an id needs escaping)."""
+    ids = [scoped_id(tenant, sid) for sid in req.session_ids]
+    key = scoped_id(tenant, req.route_key)
+    if ids == req.session_ids and key == req.route_key:
+        return req
+    return dataclasses.replace(req, session_ids=ids, routing_key=key)
+
+
+def own_reports(reports: list[SessionReport], own_ids: list[str]) -> list[SessionReport]:
+    """Session reports under the ids the caller sent (never a scoped id, which names the tenant)."""
+    return [r if r.session_id == sid else dataclasses.replace(r, session_id=sid) for r, sid in zip(reports, own_ids)]
 
 
 def predicted_video(rows: list | None) -> np.ndarray:
@@ -101,6 +123,7 @@ class GraphRunner:
         self.embodiment = load_embodiment(settings.embodiment)
         self.metrics = metrics or serving_metrics()
         self.stages = RawStages(self.embodiment, Transport(preprocess), self.postprocess, settings, self.metrics)
+        self.quotas = TenantQuotas(settings.tenants)
         self._info: ModelInfo | None = None
 
     @property
@@ -109,17 +132,34 @@ class GraphRunner:
         return self.settings.max_rows
 
     # 1. One request -----------------------------------------------------------------------------------------------
-    async def run(self, req: GenerationRequest, timeout_s: float | None = None) -> GraphReply:
-        """The request's trip through the graph, within `timeout_s` (default `request_timeout_s`); past it the
-        downstream calls still running are cancelled and `asyncio.TimeoutError` is raised (503 in every door)."""
+    async def run(
+        self, req: GenerationRequest, timeout_s: float | None = None, tenant: str = DEFAULT_TENANT
+    ) -> GraphReply:
+        """The request's trip through the graph for `tenant`, within `timeout_s` (default `request_timeout_s`); past
+        it the downstream calls still running are cancelled and `asyncio.TimeoutError` is raised (503 in every door).
+        A request over the tenant's rate or rows quota raises `QuotaExceeded` (429) before anything starts."""
+        try:
+            self.quotas.admit(tenant, len(req.session_ids))
+        except QuotaExceeded as exc:
+            self.metrics.tenant_quota_refusals.inc(1, tags={"tenant": tenant, "quota": exc.quota})
+            raise
+        scoped = scope_request(req, tenant)
         calls = PendingCalls()
         try:
-            return await asyncio.wait_for(self._run(req, calls), timeout_s or self.settings.request_timeout_s)
+            reply = await asyncio.wait_for(
+                self._run(scoped, calls, self.quotas.session_limits(tenant)),
+                timeout_s or self.settings.request_timeout_s,
+            )
         except (asyncio.TimeoutError, asyncio.CancelledError):
             calls.cancel()
             raise
+        if scoped is not req:
+            reply.sessions = own_reports(reply.sessions, req.session_ids)
+        return reply
 
-    async def _run(self, req: GenerationRequest, calls: PendingCalls) -> GraphReply:
+    async def _run(
+        self, req: GenerationRequest, calls: PendingCalls, limits: SessionLimits | None = None
+    ) -> GraphReply:
         timings: dict[str, float] = {}
         t0 = time.perf_counter()
         ctx = None
@@ -133,7 +173,7 @@ class GraphRunner:
             batch.return_video = [True] * len(batch)
         t1 = time.perf_counter()
         policy = self.policy_transport.pick(arrays_bytes(batch))
-        out = await calls(policy_generate(policy, req.route_key, batch))
+        out = await calls(policy_generate(policy, req.route_key, batch, limits))
         timings["policy"] = (time.perf_counter() - t1) * 1000.0
         actions = out.result.actions
         if req.form == "raw":
@@ -149,14 +189,20 @@ class GraphRunner:
         return GraphReply(actions, list(out.result.sessions), timings, out.replica, out.batch_requests, video)
 
     # 2. Session control (routed by the key the sessions were sent under) ------------------------------------------
-    async def drop_sessions(self, route_key: str, session_ids: list[str], timeout_s: float | None = None) -> None:
-        """Free sessions on the replica holding them (a connection closed)."""
-        call = sticky_call(self.policy, "drop_sessions", route_key, list(session_ids))
+    async def drop_sessions(
+        self, route_key: str, session_ids: list[str], timeout_s: float | None = None, tenant: str = DEFAULT_TENANT
+    ) -> None:
+        """Free a tenant's sessions on the replica holding them (a connection closed)."""
+        ids = [scoped_id(tenant, sid) for sid in session_ids]
+        call = sticky_call(self.policy, "drop_sessions", scoped_id(tenant, route_key), ids)
         await bounded(call, timeout_s or SESSION_CALL_TIMEOUT_S)
 
-    async def reset_sessions(self, route_key: str, session_ids: list[str], timeout_s: float | None = None) -> None:
-        """Restart sessions at their next call, flagged `reset_requested`."""
-        call = sticky_call(self.policy, "reset_sessions", route_key, list(session_ids))
+    async def reset_sessions(
+        self, route_key: str, session_ids: list[str], timeout_s: float | None = None, tenant: str = DEFAULT_TENANT
+    ) -> None:
+        """Restart a tenant's sessions at their next call, flagged `reset_requested`."""
+        ids = [scoped_id(tenant, sid) for sid in session_ids]
+        call = sticky_call(self.policy, "reset_sessions", scoped_id(tenant, route_key), ids)
         await bounded(call, timeout_s or SESSION_CALL_TIMEOUT_S)
 
     # 3. What the doors report ---------------------------------------------------------------------------------------

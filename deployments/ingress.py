@@ -15,6 +15,7 @@ from deployments.doors.http import HttpDoor, build_fastapi_app
 from deployments.doors.openpi_ws import OpenPISocketServer
 from deployments.graph_runner import GraphRunner
 from deployments.settings import IngressSettings
+from deployments.tenants import TenantKeys, parse_door_config
 
 
 class IngressDeployment:
@@ -31,9 +32,17 @@ class IngressDeployment:
         """`doors`: the handles of the other front doors' deployments, held so that Serve deploys them with the app."""
         self.settings = settings or IngressSettings()
         self.runner = GraphRunner(preprocess, policy, postprocess, self.settings.graph)
-        self.http = HttpDoor(self.runner, self.settings)
-        self.openpi = OpenPISocketServer(self.runner, self.settings)
+        self.keys = TenantKeys.from_settings(self.settings.auth)  # one key check for both doors
+        self.http = HttpDoor(self.runner, self.settings, self.keys)
+        self.openpi = OpenPISocketServer(self.runner, self.settings, self.keys)
         self.doors = dict(doors or {})
+
+    def reconfigure(self, user_config: dict) -> None:
+        """Serve's `user_config` of the Ingress: `api_keys` and `tenants` (quotas) replace the `args` values without
+        replacing the replica (deployments.tenants.DoorTenantConfig)."""
+        keys, quotas = parse_door_config(user_config)
+        self.keys.replace_static(keys)
+        self.runner.quotas.update(quotas)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Serve calls this once per replica, after __init__."""

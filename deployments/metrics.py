@@ -69,6 +69,30 @@ class ServingMetrics:
             "dreamzero_admissions_refused_total",
             description="Requests refused with 503 because their sessions did not fit the session byte budget.",
         )
+        # per tenant (deployments.tenants); a label holds a tenant name, never a key or a session id
+        self.tenant_requests = Counter(
+            "dreamzero_tenant_requests_total",
+            description="Requests answered per tenant, by front door (http, openpi_ws, zmq) and status code "
+            "(`unauthenticated`: no valid key).",
+            tag_keys=("tenant", "door", "status"),
+        )
+        self.tenant_errors = Counter(
+            "dreamzero_tenant_errors_total",
+            description="Error replies per tenant, by front door and error code (quota_exceeded, invalid_observation, "
+            "no_capacity, ...).",
+            tag_keys=("tenant", "door", "code"),
+        )
+        self.tenant_live_sessions = Gauge(
+            "dreamzero_tenant_live_sessions",
+            description="Sessions held by this policy replica, per tenant.",
+            tag_keys=("tenant",),
+        )
+        self.tenant_quota_refusals = Counter(
+            "dreamzero_tenant_quota_refusals_total",
+            description="Requests refused with 429 per tenant, by quota (requests_per_s, max_rows_per_request, "
+            "max_sessions_per_replica, max_sessions).",
+            tag_keys=("tenant", "quota"),
+        )
 
     # convenience recorders ------------------------------------------------------------------------------------
     def observe_stages(self, timings_ms: dict[str, float]) -> None:
@@ -79,6 +103,12 @@ class ServingMetrics:
         for kind, value in (("reserved", reserved), ("held", held), ("budget", budget)):
             if isinstance(value, (int, float)):
                 self.session_bytes.set(float(value), tags={"kind": kind})
+
+    def count_tenant(self, tenant: str, door: str, status: int, code: str | None = None) -> None:
+        """One answered request of `tenant` at `door`; an error reply also counts under its code."""
+        self.tenant_requests.inc(1, tags={"tenant": tenant, "door": door, "status": str(status)})
+        if code is not None:
+            self.tenant_errors.inc(1, tags={"tenant": tenant, "door": door, "code": code})
 
     def observe_sessions(self, reports: Iterable[SessionReport]) -> None:
         for report in reports:

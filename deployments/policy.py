@@ -9,7 +9,14 @@ prefill). A failing group fails only its own requests.
 Memory is admitted per request before requests are merged (dreamzero.sessions, docs/model.md "Memory and admission"):
 a request whose sessions do not fit the byte budget gets CapacityError (503 + Retry-After) alone; batches are bounded
 in session rows (`max_batch_rows`) and a request larger than a batch or than `rows_per_request` gets 413.
+
+Tenants (deployments.tenants): session ids arrive scoped by tenant; the store evicts within a tenant over its share
+first, a request may carry its tenant's session quotas (`SessionLimits`, checked at admission: 429 beyond them; the
+total across replicas through the tenant ledger), and session starts, resets, evictions and ends are audited.
 """
+
+# Longer than ~400 lines on purpose: the one model holder, its request path (admission, quotas, batching) and the
+# replica's reports (health, routing stats, gauges, audit) share its state.
 
 from __future__ import annotations
 
@@ -29,7 +36,9 @@ from deployments.metrics import serving_metrics
 from deployments.routing import STATS_KEYS, STATS_SESSIONS, HeldKeys
 from deployments.sections import ReplayArgs
 from deployments.settings import EmbodimentSource, PolicySettings
-from dreamzero.errors import CapacityError, ConfigError, InvalidRequest, NotReady, PayloadTooLarge
+from deployments.tenant_ledger import LedgerLink
+from deployments.tenants import SessionLimits, audit, audit_reports, tenant_of
+from dreamzero.errors import CapacityError, ConfigError, InvalidRequest, NotReady, PayloadTooLarge, QuotaExceeded
 from dreamzero.types import ChunkResult, ModelBatch
 
 log = logging.getLogger("dreamzero.serve.policy")
@@ -138,6 +147,15 @@ def _replica_name() -> str | None:
         return None
 
 
+def _ledger_name() -> str:
+    """The tenant ledger actor's name: one per application (its Policy replicas share it)."""
+    try:
+        app = serve.get_replica_context().app_name
+    except Exception:  # noqa: BLE001 - outside a replica
+        app = "local"
+    return f"dreamzero-tenant-ledger-{app}"
+
+
 class PolicyDeployment:
     """Owns a DreamZeroPipeline (model + bounded session store) and serves chunks for batches of sessions."""
 
@@ -197,14 +215,26 @@ class PolicyDeployment:
         )
         self._evictions_seen = 0
         self._routing_keys = HeldKeys()  # routing key -> session ids, for record_routing_stats
+        self._limits: dict[int, SessionLimits] = {}  # id(batch) -> its tenant's session quotas, while it is admitted
+        self._ledger: LedgerLink | None = None  # started by the first request with a total session quota
+        self._tenants_seen: set[str] = set()  # tenants with a live-session gauge (set to 0 when they leave)
+        store = self.pipeline.store
+        if hasattr(store, "check_group_room"):  # the model's store (a replay's has no tenant quotas or groups)
+            store.group_of = tenant_of
+            store.on_evict = lambda sid, cause: audit("evict", sid, self.replica, f"cause={cause}")
         log.info("policy replica %s ready in %.1f s", self.replica, time.perf_counter() - t0)
 
     # --- request path -----------------------------------------------------------------------------------------
-    async def generate(self, batch: ModelBatch) -> PolicyOutput:
+    async def generate(self, batch: ModelBatch, limits: SessionLimits | None = None) -> PolicyOutput:
+        """One request's rows of a chunk; `limits`: its tenant's session quotas (checked when it is admitted)."""
         if not isinstance(batch, ModelBatch) or len(batch) == 0:
             raise InvalidRequest("the policy needs a ModelBatch with at least one session row")
         self._check_rows(len(batch))
+        if limits is not None and limits.total is not None:
+            await self._refresh_ledger()
         key = self._routing_keys.enter(batch)
+        if limits is not None:
+            self._limits[id(batch)] = limits
         try:
             if self._batching:
                 outcome = await self._batcher.submit(batch)
@@ -212,6 +242,7 @@ class PolicyDeployment:
                 (outcome,) = await self._generate_many([batch])
         finally:
             self._routing_keys.leave(key)
+            self._limits.pop(id(batch), None)
         if outcome.error is not None:
             raise outcome.error
         return outcome.output
@@ -225,6 +256,7 @@ class PolicyDeployment:
         for rows, sessions in calls:
             self.metrics.batch_rows.observe(rows)
             self.metrics.observe_sessions(sessions)
+            audit_reports(sessions, self.replica)
         self._update_session_gauges()
         return outcomes
 
@@ -266,6 +298,9 @@ class PolicyDeployment:
         refused: dict[int, BaseException] = {}
         for i, batch in enumerate(batches):
             try:
+                limits = self._limits.get(id(batch))
+                if limits is not None:
+                    self._check_session_quota(batch, limits)
                 self.pipeline.admit(batch, busy)
             except CapacityError as exc:
                 self.metrics.admissions_refused.inc()
@@ -273,6 +308,32 @@ class PolicyDeployment:
             except Exception as exc:  # noqa: BLE001 - bad input fails its own request only
                 refused[i] = exc
         return refused
+
+    def _check_session_quota(self, batch: ModelBatch, limits: SessionLimits) -> None:
+        """Model thread: QuotaExceeded when the batch's new sessions take its tenant past a session quota (the total
+        counts the other replicas' sessions as the ledger last said)."""
+        store = self.pipeline.store
+        if not hasattr(store, "check_group_room"):
+            return
+        elsewhere = self._ledger.others.get(limits.tenant, 0) if self._ledger is not None else 0
+        try:
+            store.check_group_room(batch.session_ids, limits.per_replica, limits.total, elsewhere, label="tenant")
+        except QuotaExceeded as exc:
+            self.metrics.tenant_quota_refusals.inc(1, tags={"tenant": limits.tenant, "quota": exc.quota})
+            raise
+
+    async def _refresh_ledger(self) -> None:
+        """Report this replica's live sessions per tenant to the ledger and read the others' (at most once a
+        second); only inside a Serve replica (in-process, this replica is the only one)."""
+        if self._ledger is None:
+            if _replica_name() is None:
+                return
+            self._ledger = LedgerLink(_ledger_name(), self.replica, self._tenant_counts)
+        await self._ledger.refresh()
+
+    def _tenant_counts(self) -> dict[str, int]:
+        store = self.pipeline.store
+        return store.group_counts() if hasattr(store, "group_counts") else {}
 
     def _starts_session(self, batch: ModelBatch) -> bool:
         """Does this request start (or reset) a session? Such requests wait for company (deployments.batcher)."""
@@ -326,12 +387,16 @@ class PolicyDeployment:
         await self._on_model_thread(self.pipeline.drop_sessions, list(session_ids))
         if self.recorder is not None:
             self.recorder.end(session_ids)  # a closed connection's session: its segment is written now
+        for sid in session_ids:
+            audit("end", sid, self.replica)
         self._update_session_gauges()
         return len(session_ids)
 
     async def reset_sessions(self, session_ids: list[str]) -> int:
         """Restart sessions at their next call, flagged "reset_requested" (the ZMQ door's `reset`)."""
         await self._on_model_thread(self.pipeline.reset_sessions, list(session_ids))
+        for sid in session_ids:
+            audit("reset", sid, self.replica, "asked")
         return len(session_ids)
 
     # --- introspection ----------------------------------------------------------------------------------------
@@ -349,6 +414,8 @@ class PolicyDeployment:
         so a long model call never delays it.
         """
         keys, sessions = self._routing_keys.live(self.pipeline.store)
+        if self._ledger is not None:  # keep the other replicas' view of this one fresh while no request comes
+            asyncio.ensure_future(self._ledger.refresh())
         return {STATS_KEYS: keys, STATS_SESSIONS: sessions}
 
     def info(self) -> dict:
@@ -450,3 +517,7 @@ class PolicyDeployment:
         if stats["evictions"] > self._evictions_seen:
             self.metrics.evictions.inc(stats["evictions"] - self._evictions_seen)
             self._evictions_seen = stats["evictions"]
+        counts = self._tenant_counts()
+        for tenant in self._tenants_seen | set(counts):
+            self.metrics.tenant_live_sessions.set(float(counts.get(tenant, 0)), tags={"tenant": tenant})
+        self._tenants_seen = set(counts)

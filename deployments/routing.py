@@ -1,7 +1,8 @@
 """Session routing to policy replicas, the callers' and the replica's side (the router itself:
 `serve_graph.session_router`, which Serve runs inside every caller's handle).
 
-A request's routing key (explicit `parameters.routing_key`, else its first session id) becomes the Serve request's
+A request's routing key (explicit `parameters.routing_key`, else its first session id), scoped by the caller's tenant
+like its session ids (`deployments.tenants.scoped_id`, applied by the graph runner), becomes the Serve request's
 `session_id`, and travels in the ModelBatch too (`routing_key`), so the Policy replica can report the keys it holds.
 `serve_graph.session_router.SessionRouter` keeps a key on the replica that reports it and places a new key on a
 least-loaded replica, the same on every caller process (docs/serving.md, "How sessions are placed"). Routing is still
@@ -38,10 +39,14 @@ def sticky_call(handle: Any, method: str, key: str, *args: Any, **kwargs: Any) -
     return contextvars.Context().run(bound.remote, *args, **kwargs)
 
 
-def policy_generate(handle: Any, key: str, batch: Any) -> Any:
-    """Start `Policy.generate(batch)` routed by `key`; the key also rides in the batch for the replica's report."""
+def policy_generate(handle: Any, key: str, batch: Any, limits: Any = None) -> Any:
+    """Start `Policy.generate(batch)` routed by `key`; the key also rides in the batch for the replica's report.
+    `limits` (deployments.tenants.SessionLimits): the tenant's session quotas, checked by the replica; sent only when
+    the tenant has some."""
     batch.routing_key = key
-    return sticky_call(handle, "generate", key, batch)
+    if limits is None:
+        return sticky_call(handle, "generate", key, batch)
+    return sticky_call(handle, "generate", key, batch, limits)
 
 
 class HeldKeys:

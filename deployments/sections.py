@@ -5,9 +5,12 @@
 against. Every field carries a description: `docs/serving.md` is the readable reference.
 """
 
+# Longer than ~400 lines on purpose: one typed section per block of the YAML `args`, each read top to bottom.
+
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,6 +20,9 @@ from dreamzero.errors import ConfigError
 from dreamzero.sizes import parse_bytes
 
 MIB = 1024 * 1024
+#: a tenant's name: it prefixes the tenant's session ids and labels its metrics and audit lines
+TENANT_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,47}$")
+TENANT_NAME_RULE = "1-48 characters of a-z, 0-9, '_' and '-', starting with a letter or digit"
 
 
 def existing_path(value: str | None, check, problem: str) -> str | None:
@@ -387,3 +393,63 @@ class VideoArgs(Strict):
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"max_bytes must be a positive size, got {v!r}")
         return n
+
+
+class TenantQuota(Strict):
+    """What one tenant may use (docs/serving.md, "Tenants and TLS"); every field null = no limit."""
+
+    max_sessions_per_replica: int | None = Field(
+        None,
+        ge=1,
+        description="Live sessions the tenant may hold on one Policy replica; a request starting one more gets 429 "
+        "(never an eviction of another tenant's session).",
+    )
+    max_sessions: int | None = Field(
+        None,
+        ge=1,
+        description="Live sessions the tenant may hold on all Policy replicas together (replicas share their "
+        "counts about once a second: a burst of new sessions on several replicas at once may pass it briefly).",
+    )
+    requests_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="Action requests per second (HTTP generations, WebSocket infer, ZeroMQ get_action), a token "
+        "bucket per front-door replica.",
+    )
+    burst: int | None = Field(
+        None, ge=1, description="Requests the bucket holds (a burst after a quiet spell); null: requests_per_s, min 1."
+    )
+    max_rows_per_request: int | None = Field(
+        None, ge=1, description="Most sessions (rows) one request of the tenant may carry."
+    )
+
+
+class TenantsArgs(Strict):
+    """Quotas of the tenants the API keys name (`api_keys`); the legacy single `api_key` is the tenant `default`."""
+
+    quota: TenantQuota = Field(
+        default_factory=TenantQuota, description="Quota of every tenant, unless `per_tenant` says otherwise."
+    )
+    per_tenant: dict[str, TenantQuota] = Field(
+        default_factory=dict,
+        description="Per tenant name: the fields it sets replace those of `quota` for that tenant.",
+    )
+
+    @field_validator("per_tenant")
+    @classmethod
+    def _names(cls, v: dict[str, TenantQuota]) -> dict[str, TenantQuota]:
+        for name in v:
+            if not TENANT_NAME.match(name):
+                raise ValueError(f"tenant name {name!r}: use {TENANT_NAME_RULE}")
+        return v
+
+    def for_tenant(self, tenant: str) -> TenantQuota:
+        own = self.per_tenant.get(tenant)
+        if own is None:
+            return self.quota
+        return self.quota.model_copy(update=own.model_dump(exclude_unset=True))
+
+    @property
+    def limits_sessions(self) -> bool:
+        quotas = [self.quota, *self.per_tenant.values()]
+        return any(q.max_sessions is not None or q.max_sessions_per_replica is not None for q in quotas)

@@ -21,6 +21,7 @@ from deployments.sections import (
     ReplayArgs,
     SessionArgs,
     Strict,
+    TenantsArgs,
     VideoArgs,
     ZmqArgs,
 )
@@ -49,6 +50,19 @@ class GraphSettings(Strict):
     postprocess: PostprocessArgs = Field(default_factory=PostprocessArgs, description="Where actions are made.")
     request_timeout_s: float = Field(300.0, gt=0, description="Bound on one request's trip through the graph.")
     max_rows: int = Field(128, ge=1, description="Most session rows a request may carry (sessions.max_sessions).")
+    tenants: TenantsArgs = Field(default_factory=TenantsArgs, description="Per-tenant quotas the runner applies.")
+
+
+class AuthSettings(Strict):
+    """The keys a front door accepts, as sha256 digests only (deployments.tenants): no key is kept in clear. None of
+    the three given: no auth, every caller is the tenant `default`."""
+
+    api_key_digest: str | None = Field(None, description="Digest of the legacy `api_key`: the tenant `default`.")
+    api_keys: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict, description="`api_keys`: tenant -> its keys' 'sha256:<hex>' digests."
+    )
+    api_keys_file: str | None = Field(None, description="A file of the same mapping, read again when it changes.")
+    reload_s: float = Field(5.0, gt=0, description="How often the door looks at the file's modification time.")
 
 
 class IngressSettings(Strict):
@@ -57,7 +71,7 @@ class IngressSettings(Strict):
     graph: GraphSettings = Field(default_factory=GraphSettings)
     http: HttpArgs = Field(default_factory=HttpArgs)
     model_name: str = Field("dreamzero", min_length=1, description="Name reported by /v1/models.")
-    api_key: str | None = Field(None, description="The key clients must send, resolved by build_app; None: no auth.")
+    auth: AuthSettings = Field(default_factory=AuthSettings, description="The API keys and the tenants they name.")
 
 
 class ZmqDoorSettings(Strict):
@@ -65,7 +79,7 @@ class ZmqDoorSettings(Strict):
 
     graph: GraphSettings = Field(default_factory=GraphSettings)
     zmq: ZmqArgs = Field(default_factory=ZmqArgs)
-    api_key: str | None = Field(None, description="The `api_token` clients must send; None: no auth.")
+    auth: AuthSettings = Field(default_factory=AuthSettings, description="The `api_token`s and the tenants they name.")
 
 
 class PolicySettings(Strict):

@@ -9,7 +9,15 @@ Memory is admitted, not discovered: before a call, each of its sessions reserves
 hold when its window is fullest, `SessionFootprint`, computed from the configs and the canvas), so a session never
 grows past what was admitted. A request whose new sessions do not fit the byte budget, even after evicting idle
 sessions, gets `CapacityError` (503 + Retry-After) and nothing else is touched (docs/model.md, "Memory and admission").
+
+Groups (a server's tenants): a store given `group_of` (session id -> group name) evicts, when it must make room by
+count or by bytes, the idle sessions of a group holding more than its share (capacity / groups present) first, and
+`check_group_room` refuses a request whose new sessions would take its group past a session quota. Without
+`group_of` every session is in one group and eviction is plain LRU.
 """
+
+# Longer than ~400 lines on purpose: a session's state, its footprint formula and the store that admits, evicts and
+# counts by them (per group too) are one contract, read together.
 
 from __future__ import annotations
 
@@ -23,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dreamzero.errors import CapacityError, ConfigError
+from dreamzero.errors import CapacityError, ConfigError, QuotaExceeded
 from dreamzero.types import RESTART_REASONS
 
 BRANCHES = ("cond", "uncond")  # classifier-free guidance branches, each with its own KV cache
@@ -198,6 +206,9 @@ class SessionStore:
     Bytes are counted as reservations: `admit` reserves each session's peak footprint before its call (a session
     stored without one reserves what it holds), so the budget holds at every chunk, not only between calls.
     `retry_after_s` is the hint a refused request gets.
+
+    Set after construction by a server: `group_of` (session id -> group; None: one group) and `on_evict(session_id,
+    cause)` (cause "lru", "ttl" or "bytes"), called under the store's lock, so it must be quick (a log line).
     """
 
     def __init__(
@@ -229,6 +240,8 @@ class SessionStore:
         self._reserved: dict[str, int] = {}  # session id -> bytes reserved (live sessions and admitted new ones)
         self._inflight: set[str] = set()  # admitted and not yet released: never evicted for room
         self.refusals = 0  # requests refused for bytes
+        self.group_of: Callable[[str], str] | None = None
+        self.on_evict: Callable[[str, str], None] | None = None
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -267,19 +280,20 @@ class SessionStore:
             self._reserved[sid] = max(self._reserved.get(sid, 0), state.nbytes())
             keep = set(protect) | {state.session_id} | self._inflight
             while len(self._sessions) > self.max_sessions:
-                victim = next((sid for sid in self._sessions if sid not in keep), None)
-                if victim is None:
+                idle = [sid for sid in self._sessions if sid not in keep]
+                if idle:
+                    victim = self._victim(idle, self._count_by_group(), self.max_sessions)
+                else:
                     victim = next(sid for sid in self._sessions if sid != state.session_id)
                 self._evict(victim)
             if self.max_bytes is not None:
                 # only idle sessions go for bytes: the batch in flight needs its state, whatever its size (a store
                 # used through `admit` is already within budget; this covers sessions stored without admission)
-                total = self.reserved_bytes()
-                for sid in [sid for sid in self._sessions if sid not in keep]:
-                    if total <= self.max_bytes:
-                        break
-                    total -= self._reserved.get(sid, 0)
-                    self._evict(sid)
+                idle = [sid for sid in self._sessions if sid not in keep]
+                while idle and self.reserved_bytes() > self.max_bytes:
+                    victim = self._victim(idle, self._bytes_by_group(), self.max_bytes)
+                    idle.remove(victim)
+                    self._evict(victim, "bytes")
 
     def drop(self, session_ids: Iterable[str]) -> int:
         """Forget sessions on request (not an eviction: their next call is a plain new session). Returns the count."""
@@ -320,11 +334,12 @@ class SessionStore:
                             "sessions.max_bytes / add replicas",
                             retry_after_s=self.retry_after_s,
                         )
-                    for sid in idle:
-                        if total + extra <= self.max_bytes:
-                            break
-                        total -= self._reserved.get(sid, 0)
-                        self._evict(sid)
+                    asking = {sid: max(0, int(n) - self._reserved.get(sid, 0)) for sid, n in needs.items()}
+                    while idle and total + extra > self.max_bytes:
+                        victim = self._victim(idle, self._bytes_by_group(asking), self.max_bytes)
+                        idle.remove(victim)
+                        total -= self._reserved.get(victim, 0)
+                        self._evict(victim, "bytes")
             for sid, n in needs.items():
                 self._reserved[sid] = max(self._reserved.get(sid, 0), int(n))
                 self._inflight.add(sid)
@@ -369,7 +384,7 @@ class SessionStore:
 
     # -- eviction ------------------------------------------------------------------------------------------------------
 
-    def _evict(self, session_id: str) -> None:
+    def _evict(self, session_id: str, cause: str = "lru") -> None:
         self._sessions.pop(session_id, None)
         self._reserved.pop(session_id, None)
         self._evicted[session_id] = None
@@ -377,6 +392,84 @@ class SessionStore:
         while len(self._evicted) > self._remember:
             self._evicted.popitem(last=False)
         self.evictions += 1
+        if self.on_evict is not None:
+            self.on_evict(session_id, cause)
+
+    def _group(self, session_id: str) -> str:
+        return "" if self.group_of is None else self.group_of(session_id)
+
+    def _count_by_group(self) -> Counter[str]:
+        return Counter(self._group(sid) for sid in self._sessions.keys() | self._inflight)
+
+    def _bytes_by_group(self, asking: dict[str, int] | None = None) -> Counter[str]:
+        used: Counter[str] = Counter()
+        for sid, n in self._reserved.items():
+            used[self._group(sid)] += n
+        for sid, n in (asking or {}).items():
+            used[self._group(sid)] += n
+        return used
+
+    def _victim(self, idle: list[str], used: Counter[str], capacity: int) -> str:
+        """The session to evict among `idle` (least recently used first): the oldest of a group using more than its
+        share of `capacity` (capacity / groups present), so a group that outgrew its share pays before the others;
+        when every such group's sessions are busy, the oldest idle session of any group."""
+        groups = [g for g, n in used.items() if n > 0]
+        share = capacity / max(1, len(groups))
+        return next((sid for sid in idle if used[self._group(sid)] > share), idle[0])
+
+    # -- group quotas --------------------------------------------------------------------------------------------------
+
+    def group_counts(self) -> dict[str, int]:
+        """Live sessions per group (the groups with none are absent)."""
+        with self._lock:
+            return dict(Counter(self._group(sid) for sid in self._sessions))
+
+    def check_group_room(
+        self,
+        session_ids: Iterable[str],
+        limit: int | None,
+        total_limit: int | None = None,
+        elsewhere: int = 0,
+        label: str = "group",
+    ) -> None:
+        """Raise `QuotaExceeded` when the new sessions among `session_ids` would take their group past `limit` live
+        sessions in this store, or past `total_limit` counting `elsewhere` (the group's sessions held elsewhere, e.g.
+        on other replicas). Live and admitted sessions count; continuing ones ask for nothing. The message names
+        only the group's own numbers; its retry hint is when the group's oldest idle session expires."""
+        with self._lock:
+            self._expire()
+            new = [sid for sid in session_ids if sid not in self._sessions and sid not in self._inflight]
+            if not new:
+                return
+            held = self._count_by_group()
+            for group, n in Counter(self._group(sid) for sid in new).items():
+                name = f"{label} {group!r}" if group else "this store"
+                if limit is not None and held[group] + n > limit:
+                    raise QuotaExceeded(
+                        f"{name} holds {held[group]} live session(s) on this replica and asks for {n} more; its quota "
+                        f"is {limit} per replica (max_sessions_per_replica): end a session or wait for an idle one to "
+                        "expire, then retry",
+                        "max_sessions_per_replica",
+                        self._group_retry_after(group),
+                    )
+                if total_limit is not None and held[group] + elsewhere + n > total_limit:
+                    raise QuotaExceeded(
+                        f"{name} holds {held[group] + elsewhere} live session(s) in all and asks for {n} more; its "
+                        f"quota is {total_limit} (max_sessions): end a session or wait for an idle one to expire, "
+                        "then retry",
+                        "max_sessions",
+                        self._group_retry_after(group),
+                    )
+
+    def _group_retry_after(self, group: str) -> float:
+        """Seconds until the group's least recently used idle session expires (the store's hint without a TTL)."""
+        if self.ttl_s is None:
+            return self.retry_after_s
+        now = self._clock()
+        for sid, state in self._sessions.items():  # least recently used first
+            if sid not in self._inflight and self._group(sid) == group:
+                return max(1.0, self.ttl_s - (now - state.last_used))
+        return self.retry_after_s
 
     def _expire(self) -> None:
         if self.ttl_s is None:
@@ -387,7 +480,7 @@ class SessionStore:
             if now - self._sessions[sid].last_used <= self.ttl_s:
                 break
             if sid not in self._inflight:
-                self._evict(sid)
+                self._evict(sid, "ttl")
 
 
 def _gib(n: int) -> str:

@@ -26,6 +26,7 @@ from deployments.postprocess import PostprocessDeployment
 from deployments.preprocess import PreprocessDeployment
 from deployments.sections import CpuStageArgs
 from deployments.settings import (
+    AuthSettings,
     EmbodimentSource,
     GraphSettings,
     IngressSettings,
@@ -127,23 +128,34 @@ def graph_settings(cfg: AppArgs, model: ResolvedModel, request_timeout_s: float)
         postprocess=cfg.postprocess,
         request_timeout_s=request_timeout_s,
         max_rows=cfg.sessions.max_sessions,
+        tenants=cfg.tenants,
     )
 
 
 def ingress_settings(cfg: AppArgs, model: ResolvedModel) -> IngressSettings:
-    """The HTTP / WebSocket doors' settings. The key is resolved here (their process may not see the env var named
-    by api_key_env); no path travels: the statistics are data."""
+    """The HTTP / WebSocket doors' settings. The keys are resolved here (their process may not see the env var named
+    by api_key_env) and travel as digests; no path travels but api_keys_file: the statistics are data."""
     return IngressSettings(
         graph=graph_settings(cfg, model, cfg.http.request_timeout_s),
         http=cfg.http,
         model_name=cfg.model_name,
-        api_key=cfg.resolved_api_key,
+        auth=auth_settings(cfg),
+    )
+
+
+def auth_settings(cfg: AppArgs) -> AuthSettings:
+    """The keys every front door accepts, as digests (deployments.tenants)."""
+    return AuthSettings(
+        api_key_digest=cfg.api_key_digest,
+        api_keys=cfg.key_digests,
+        api_keys_file=cfg.api_keys_file,
+        reload_s=cfg.api_keys_reload_s,
     )
 
 
 def zmq_door_settings(cfg: AppArgs, model: ResolvedModel) -> ZmqDoorSettings:
     return ZmqDoorSettings(
-        graph=graph_settings(cfg, model, cfg.zmq.request_timeout_s), zmq=cfg.zmq, api_key=cfg.resolved_api_key
+        graph=graph_settings(cfg, model, cfg.zmq.request_timeout_s), zmq=cfg.zmq, auth=auth_settings(cfg)
     )
 
 

@@ -23,10 +23,12 @@ from deployments.sections import (
     PreprocessArgs,
     SessionArgs,
     Strict,
+    TenantsArgs,
     VideoArgs,
     ZmqArgs,
     existing_path,
 )
+from deployments.tenants import DEFAULT_TENANT, key_digest, parse_key_table, read_key_file
 from dreamzero.config import PipelineConfig
 from dreamzero.errors import ConfigError
 
@@ -83,6 +85,23 @@ class AppArgs(Strict):
     api_key_env: str | None = Field(
         None, description="Name of an environment variable holding the API key (wins over `api_key`)."
     )
+    api_keys: dict[str, Any] | None = Field(
+        None,
+        description="Keys that name tenants: tenant -> 'sha256:<hex of the key>' (a list of digests while a key is "
+        "rotated). Each tenant's sessions are its own (docs/serving.md, 'Tenants and TLS'); `api_key` beside it is "
+        "the tenant `default`.",
+    )
+    api_keys_file: str | None = Field(
+        None,
+        description="A YAML or JSON file holding the `api_keys` mapping, read again by the front doors when it "
+        "changes (rotation without a restart); instead of `api_keys`.",
+    )
+    api_keys_reload_s: float = Field(
+        5.0, gt=0, description="How often the front doors look at api_keys_file's modification time."
+    )
+    tenants: TenantsArgs = Field(
+        default_factory=TenantsArgs, description="Per-tenant quotas: sessions, requests per second, rows."
+    )
     ingress: CpuStageArgs = Field(default_factory=CpuStageArgs, description="Ingress replicas (never load the model).")
     preprocess: PreprocessArgs = Field(
         default_factory=PreprocessArgs, description="Preprocess (CPU) replicas and where transforms run."
@@ -129,6 +148,26 @@ class AppArgs(Strict):
     def _metadata_exists(cls, v: str | None) -> str | None:
         return existing_path(v, Path.is_file, "is not a file; give the path of a metadata.json")
 
+    @field_validator("api_keys")
+    @classmethod
+    def _key_table(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        try:
+            parse_key_table(v, "api_keys")
+        except ConfigError as exc:  # the message as `args.api_keys: <entry>: <what to do>`
+            raise ValueError(str(exc).removeprefix("api_keys: ").removeprefix("api_keys.")) from None
+        return v
+
+    @field_validator("api_keys_file")
+    @classmethod
+    def _key_file(cls, v: str | None) -> str | None:
+        v = existing_path(v, Path.is_file, "is not a file; point api_keys_file at a YAML or JSON file of key digests")
+        if v is not None:
+            try:
+                read_key_file(v)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
+        return v
+
     @field_validator("pipeline")
     @classmethod
     def _known_pipeline_knobs(cls, v: dict[str, Any]) -> dict[str, Any]:
@@ -145,6 +184,17 @@ class AppArgs(Strict):
         from serve_graph.model_source import check_checkpoint
 
         check_checkpoint(self.model_path, self.checkpoint_layout, self.checkpoint_config)
+        return self
+
+    @model_validator(mode="after")
+    def _one_source_of_keys(self) -> AppArgs:
+        if self.api_keys is not None and self.api_keys_file is not None:
+            raise ValueError("give api_keys or api_keys_file, not both (the file is the one that can be rotated)")
+        legacy = self.api_key_env is not None or bool(self.api_key)
+        if legacy and DEFAULT_TENANT in (self.api_keys or {}):
+            raise ValueError(
+                f"api_key is the key of the tenant {DEFAULT_TENANT!r}, which api_keys names too; drop one of them"
+            )
         return self
 
     @model_validator(mode="after")
@@ -176,6 +226,17 @@ class AppArgs(Strict):
         if self.api_key_env:
             return os.environ[self.api_key_env]
         return self.api_key or None
+
+    @property
+    def key_digests(self) -> dict[str, tuple[str, ...]]:
+        """`api_keys` as tenant -> key digests."""
+        return parse_key_table(self.api_keys, "api_keys")
+
+    @property
+    def api_key_digest(self) -> str | None:
+        """The legacy `api_key`'s digest (the tenant `default`), hashed here: no front door gets a key in clear."""
+        key = self.resolved_api_key
+        return None if key is None else key_digest(key)
 
 
 def _format_errors(err: ValidationError) -> str:

@@ -2,7 +2,8 @@
 
 Route code only raises: every error reaches a client through `deployments.error_replies` (the one table), via the
 exception handlers installed here, in the request's codec. Routes: docs/wire-protocol.md. The OpenPI WebSocket door
-is mounted on the same app (Serve gives an application one ASGI ingress), at its path and at `/`.
+is mounted on the same app (Serve gives an application one ASGI ingress), at its path and at `/`. The API-key
+dependency names the caller's tenant (`deployments.auth`), and the route runs the request as that tenant's.
 """
 
 from __future__ import annotations
@@ -14,15 +15,18 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Header, Request, WebSocket
 from starlette.responses import JSONResponse, Response
 
-from deployments.auth import check_api_key
+from deployments.auth import tenant_from_header
 from deployments.error_replies import HANDLED_EXCEPTIONS, classify, reply_response
 from deployments.graph_runner import GraphRunner
 from deployments.settings import IngressSettings
+from deployments.tenants import DEFAULT_TENANT, UNAUTHENTICATED, TenantKeys
 from dreamzero.errors import DreamZeroError, PayloadTooLarge, RequestTimeout
 from dreamzero_client.wire import codec, generations, replies, routes
 
 #: liveness of the front door alone (openpi's check); /health also asks every deployment
 HEALTHZ_PATH = "/healthz"
+#: the door's name in the per-tenant metrics
+DOOR = "http"
 
 
 def error_flavour(request: Request) -> str:
@@ -36,8 +40,9 @@ def error_flavour(request: Request) -> str:
 class HttpDoor:
     """The generations route and the info routes, without the ASGI app (the graph tests drive `generate`)."""
 
-    def __init__(self, runner: GraphRunner, settings: IngressSettings):
+    def __init__(self, runner: GraphRunner, settings: IngressSettings, keys: TenantKeys | None = None):
         self.runner, self.settings = runner, settings
+        self.keys = keys or TenantKeys.from_settings(settings.auth)
         self.metrics = runner.metrics
 
     # 1. POST /v1/actions/generations ------------------------------------------------------------------------------
@@ -71,10 +76,13 @@ class HttpDoor:
         obj, flavour = codec.decode_body(body, content_type)
         return generations.parse_generation_request(obj, flavour, max_batch=self.runner.max_rows)
 
-    async def answer(self, req: generations.GenerationRequest, t0: float) -> tuple[bytes, str]:
-        """Run a parsed request (decoding started at `t0`) -> (reply body in the request's codec, content type)."""
+    async def answer(
+        self, req: generations.GenerationRequest, t0: float, tenant: str = DEFAULT_TENANT
+    ) -> tuple[bytes, str]:
+        """Run a parsed request of `tenant` (decoding started at `t0`) -> (reply body in the request's codec, content
+        type)."""
         t_decode = (time.perf_counter() - t0) * 1000.0
-        reply = await self.runner.run(req)
+        reply = await self.runner.run(req, tenant=tenant)
         timings = {"decode": t_decode, **reply.timings_ms}
         timings["ingress_total"] = (time.perf_counter() - t0) * 1000.0
         self.metrics.observe_stages({k: timings[k] for k in ("decode", "ingress_total")})  # the graph's: the runner
@@ -90,6 +98,9 @@ class HttpDoor:
 
     def count_request(self, status: int, form: str) -> None:
         self.metrics.requests.inc(1, tags={"route": routes.GENERATIONS_PATH, "status": str(status), "form": form})
+
+    def count_tenant(self, tenant: str | None, status: int, code: str | None = None) -> None:
+        self.metrics.count_tenant(tenant or UNAUTHENTICATED, DOOR, status, code)
 
     # 2. Health, metadata, models ----------------------------------------------------------------------------------
     async def health(self) -> dict:
@@ -142,13 +153,14 @@ def build_fastapi_app(door: HttpDoor, websocket: Any = None) -> FastAPI:
     app = FastAPI(title="DreamZero policy server", docs_url=None, redoc_url=None, openapi_url=None)
     retry_after = door.settings.http.retry_after_s
 
-    async def require_api_key(authorization: str | None = Header(None)) -> None:
-        check_api_key(door.settings.api_key, authorization)
+    async def require_api_key(request: Request, authorization: str | None = Header(None)) -> None:
+        request.state.tenant = tenant_from_header(door.keys, authorization)
 
     async def error_reply(request: Request, exc: Exception) -> Response:
         reply = classify(exc, retry_after)
         if request.url.path == routes.GENERATIONS_PATH:
             door.count_request(reply.status, getattr(request.state, "form", "unknown"))
+            door.count_tenant(getattr(request.state, "tenant", None), reply.status, reply.code)
         return reply_response(reply, error_flavour(request))
 
     # Exception itself is answered by Starlette's outermost middleware, which re-raises after the reply so that
@@ -166,8 +178,9 @@ def build_fastapi_app(door: HttpDoor, websocket: Any = None) -> FastAPI:
         t0 = time.perf_counter()
         req = door.parse(body, content_type)
         request.state.form = req.form  # the error handler counts the request under its form
-        payload, reply_type = await door.answer(req, t0)
+        payload, reply_type = await door.answer(req, t0, request.state.tenant)
         door.count_request(200, req.form)
+        door.count_tenant(request.state.tenant, 200)
         return Response(payload, headers={"content-type": reply_type})
 
     @protected.get(routes.METADATA_PATH)

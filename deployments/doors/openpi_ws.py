@@ -7,6 +7,10 @@ does, so stale state left on a replica is never reused silently. A client that a
 its connection id as a resume token: a later connection presenting it continues the same sessions (their state stays
 on the replica, evicted by the session TTL, instead of being dropped at close). Protocol: docs/wire-protocol.md,
 "OpenPI WebSocket".
+
+The key presented at the handshake names the connection's tenant; every session of the connection runs as that
+tenant's (the graph runner scopes its ids), so a resume token only ever reaches the sessions of the tenant that
+used it: another tenant presenting it gets sessions of its own.
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ import numpy as np
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from deployments.auth import check_api_key
+from deployments.auth import tenant_from_header
 from deployments.error_replies import ws_error_frame
 from deployments.graph_runner import GraphRunner
 from deployments.preprocess import openpi_key_map
 from deployments.routing import ws_session_id
 from deployments.settings import IngressSettings
+from deployments.tenants import DEFAULT_TENANT, UNAUTHENTICATED, TenantKeys
 from dreamzero.errors import InvalidObservation, InvalidRequest, PayloadTooLarge, Unauthorized
 from dreamzero_client.wire import codec, generations, openpi
 
@@ -40,6 +45,8 @@ WS_STACK_FRAMES = 4
 WS_NORMAL, WS_POLICY_VIOLATION, WS_TOO_BIG = 1000, 1008, 1009
 #: a resume token is a connection id: 32 hex digits (uuid4), not guessable
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
+#: the door's name in the per-tenant metrics
+DOOR = "openpi_ws"
 
 
 @dataclass(frozen=True)
@@ -157,8 +164,9 @@ def _echoed(client_value, socket_value):
 class OpenPISocketServer:
     """Serves OpenPI connections over the graph runner."""
 
-    def __init__(self, runner: GraphRunner, settings: IngressSettings):
-        self.runner, self.limits, self.api_key = runner, settings.http, settings.api_key
+    def __init__(self, runner: GraphRunner, settings: IngressSettings, keys: TenantKeys | None = None):
+        self.runner, self.limits = runner, settings.http
+        self.keys = keys or TenantKeys.from_settings(settings.auth)
         self.model_name = settings.model_name
         self.metrics = runner.metrics
         self.key_map: dict[str, str] = openpi_key_map(runner.embodiment)
@@ -179,10 +187,10 @@ class OpenPISocketServer:
             "resume_token": token,
         }
 
-    async def drop_session(self, model_id: str) -> None:
+    async def drop_session(self, model_id: str, tenant: str = DEFAULT_TENANT) -> None:
         """Free a connection's session on its replica; a failure is only logged (the store evicts it anyway)."""
         try:
-            await self.runner.drop_sessions(model_id, [model_id])
+            await self.runner.drop_sessions(model_id, [model_id], tenant=tenant)
         except Exception as exc:  # noqa: BLE001 - the replica may be gone
             log.warning("could not drop session %s: %s", model_id, type(exc).__name__)
 
@@ -193,8 +201,9 @@ class OpenPISocketServer:
         msgpack ``{"status": "reset successful"}`` (vLLM-Omni's, at `/v1/realtime/robot/openpi`).
         """
         try:
-            check_api_key(self.api_key, ws.headers.get("authorization"))
+            tenant = tenant_from_header(self.keys, ws.headers.get("authorization"))
         except Unauthorized:
+            self.metrics.count_tenant(UNAUTHENTICATED, DOOR, 401, Unauthorized.code)
             await ws.close(code=WS_POLICY_VIOLATION, reason="missing or wrong API key")
             return
         await ws.accept()
@@ -227,7 +236,7 @@ class OpenPISocketServer:
                     await ws.send_bytes(openpi.pack_frame(ws_error_frame(err)))
                     await ws.close(code=WS_TOO_BIG, reason="message too big")
                     return
-                reply, session = await self.message(data, conn_id, session, options, reset_text)
+                reply, session = await self.message(data, conn_id, session, options, reset_text, tenant)
                 if isinstance(reply, str):
                     await ws.send_text(reply)
                 else:
@@ -238,7 +247,7 @@ class OpenPISocketServer:
             self.open_connections -= 1
             self.metrics.ws_connections.set(self.open_connections)
             if session is not None and not resumable:  # a resumable session waits for its client (or the TTL)
-                await self.drop_session(session.model_id)
+                await self.drop_session(session.model_id, tenant)
             if ws.application_state == WebSocketState.CONNECTED and ws.client_state == WebSocketState.CONNECTED:
                 try:
                     await ws.close(code=WS_NORMAL)
@@ -252,9 +261,10 @@ class OpenPISocketServer:
         session: WsSession | None,
         options: ConnectionOptions | None = None,
         reset_text: bool = False,
+        tenant: str = DEFAULT_TENANT,
     ) -> tuple[bytes | str, WsSession | None]:
-        """Handle one frame -> (reply frame: bytes, or the reset text; the connection's session); errors become an
-        error frame (the socket stays open)."""
+        """Handle one frame of a `tenant`'s connection -> (reply frame: bytes, or the reset text; the connection's
+        session); errors become an error frame (the socket stays open)."""
         options = options or ConnectionOptions()
         flavour = codec.OPENPI
         try:
@@ -264,16 +274,17 @@ class OpenPISocketServer:
             req = openpi.parse_openpi_request(msg, flavour, options.default_dict)
             if session is None or session.session_id != req.session_id:
                 if session is not None:
-                    await self.drop_session(session.model_id)  # a new session id restarts: free the old state
+                    await self.drop_session(session.model_id, tenant)  # a new session id restarts: free the old state
                 session = WsSession(req.session_id, ws_session_id(conn_id, req.session_id))
                 if options.resume_token is not None:
                     session.reset_next = False  # continue what the earlier connection left on the replica
             if req.endpoint == "reset":
                 session.restart()
+                self.metrics.count_tenant(tenant, DOOR, 200)
                 if reset_text:
                     return openpi.RESET_TEXT, session
                 return openpi.pack_frame(openpi.OPENPI_RESET_REPLY, flavour), session
-            reply = await self.runner.run(to_generation_request(req, session, self.key_map))
+            reply = await self.runner.run(to_generation_request(req, session, self.key_map), tenant=tenant)
             report = reply.sessions[0]
             session.last_step, session.last_incarnation, session.reset_next = report.step, report.incarnation, False
             extra = None
@@ -282,6 +293,9 @@ class OpenPISocketServer:
                 extra = {"session": report.to_dict(), "timings": reply.timings_ms, "served_by": reply.replica}
                 if reply.video is not None:
                     extra["video"] = reply.video[0]  # uint8 [T, H, W, 3]
+            self.metrics.count_tenant(tenant, DOOR, 200)
             return openpi.pack_frame(openpi.infer_reply(reply.actions[0], as_dict, extra), flavour), session
         except Exception as exc:  # noqa: BLE001 - reported to the client as an error frame
-            return openpi.pack_frame(ws_error_frame(exc), flavour), session
+            frame = ws_error_frame(exc)
+            self.metrics.count_tenant(tenant, DOOR, frame["status"], frame.get("code"))
+            return openpi.pack_frame(frame, flavour), session

@@ -8,21 +8,25 @@ lets every request run concurrently and sends each reply back to its identity.
 
 A "client" is the peer's ZMQ identity (routing id): random per REQ socket, or the client's own ZMQ_ROUTING_ID, which
 lets a robot keep its sessions across reconnects. Session ids are namespaced by it, so two robots both saying
-`default_0` never share a session, and `reset` without ids clears only the caller's sessions.
+`default_0` never share a session, and `reset` without ids clears only the caller's sessions. The `api_token` names
+the caller's tenant (deployments.auth), and a client namespace belongs to the tenant that used it: the graph runner
+scopes every id by tenant and the door remembers sessions per (tenant, identity), so another tenant's client that
+picks the same identity reaches (and `reset` lists) only sessions of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections import OrderedDict
 from typing import Any
 
+from deployments.auth import tenant_from_token
 from deployments.error_replies import classify
 from deployments.graph_runner import GraphRunner
 from deployments.settings import ZmqDoorSettings
+from deployments.tenants import DEFAULT_TENANT, UNAUTHENTICATED, TenantKeys, parse_door_config
 from dreamzero.errors import CapacityError, PayloadTooLarge, Unauthorized
 from dreamzero_client.wire import generations, rldx
 
@@ -51,11 +55,12 @@ class ZmqDoor:
     """Request handling of the ZMQ front door, without the socket (tests drive `handle` directly)."""
 
     def __init__(self, runner: GraphRunner, settings: ZmqDoorSettings):
-        self.runner, self.zcfg, self.api_key = runner, settings.zmq, settings.api_key
+        self.runner, self.zcfg = runner, settings.zmq
+        self.keys = TenantKeys.from_settings(settings.auth)
         self.embodiment = runner.embodiment
         self.metrics = runner.metrics
-        # client -> {client's session id: routing key of the request that used it}
-        self.sessions: OrderedDict[str, dict[str, str]] = OrderedDict()
+        # (tenant, client) -> {client's session id: routing key of the request that used it}
+        self.sessions: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
         self.in_flight = 0
         self.killed = asyncio.Event()
         self._zap = self._zap_context = None  # CURVE allow-list: the ZAP handler and its context (bind)
@@ -64,7 +69,7 @@ class ZmqDoor:
     async def handle(self, identity: bytes, payload: bytes) -> bytes:
         """The reply to one message; never raises and never takes longer than the deadline (plus encoding)."""
         t0 = time.perf_counter()
-        endpoint, status = "unknown", 200
+        endpoint, status, code, tenant = "unknown", 200, None, UNAUTHENTICATED
         self.in_flight += 1
         try:
             if self.in_flight > self.zcfg.max_in_flight:
@@ -72,23 +77,24 @@ class ZmqDoor:
             if len(payload) > self.zcfg.max_message_bytes:
                 raise PayloadTooLarge(f"message of {len(payload)} bytes exceeds {self.zcfg.max_message_bytes} bytes")
             request = rldx.parse_request(rldx.unpack(payload))
-            self.check_token(request.api_token)
+            tenant = self.check_token(request.api_token)
             endpoint = request.endpoint
             # the runner cancels the downstream calls it started when this deadline cancels it
-            reply = await asyncio.wait_for(self.dispatch(identity, request), self.zcfg.request_timeout_s)
+            reply = await asyncio.wait_for(self.dispatch(identity, request, tenant), self.zcfg.request_timeout_s)
             out = rldx.pack(reply)
         except asyncio.TimeoutError:
-            status = 503
+            status, code = 503, "no_capacity"
             message = f"deadline: no result within {self.zcfg.request_timeout_s:g} s (zmq.request_timeout_s); retry"
-            out = rldx.pack({**rldx.error_reply(message), "code": "no_capacity", "status": status})
+            out = rldx.pack({**rldx.error_reply(message), "code": code, "status": status})
         except Exception as exc:  # noqa: BLE001 - every failure becomes an error reply; the REQ client never hangs
             body = self.error_body(exc)
-            status = body["status"]
+            status, code = body["status"], body["code"]
             out = rldx.pack(body)
         finally:
             self.in_flight -= 1
         tags = {"route": f"{ROUTE}/{endpoint}", "status": str(status), "form": "raw"}
         self.metrics.requests.inc(1, tags=tags)
+        self.metrics.count_tenant(tenant, ROUTE, status, code)
         self.metrics.observe_stages({"zmq_total": (time.perf_counter() - t0) * 1000.0})
         return out
 
@@ -103,13 +109,17 @@ class ZmqDoor:
             body["field"] = reply.field
         return body
 
-    def check_token(self, token: str | None) -> None:
-        if self.api_key is None:
-            return
-        if not hmac.compare_digest((token or "").encode(), self.api_key.encode()):
-            raise Unauthorized("Unauthorized: missing or wrong api_token")
+    def check_token(self, token: str | None) -> str:
+        """The tenant the `api_token` names (`default` when the door has no keys); Unauthorized otherwise."""
+        return tenant_from_token(self.keys, token)
 
-    async def dispatch(self, identity: bytes, request: rldx.RldxRequest) -> Any:
+    def reconfigure(self, user_config: dict | None) -> None:
+        """The door's live `user_config`: `api_keys` and `tenants` (quotas) replace the `args` values."""
+        keys, quotas = parse_door_config(user_config)
+        self.keys.replace_static(keys)
+        self.runner.quotas.update(quotas)
+
+    async def dispatch(self, identity: bytes, request: rldx.RldxRequest, tenant: str = DEFAULT_TENANT) -> Any:
         if request.endpoint == "ping":
             return dict(rldx.PING_REPLY)
         if request.endpoint == "get_modality_config":
@@ -121,11 +131,11 @@ class ZmqDoor:
             return None
         client = client_namespace(identity)
         if request.endpoint == "reset":
-            return await self.reset(client, rldx.parse_reset(request.data))
-        return await self.get_action(client, request.data)
+            return await self.reset(client, rldx.parse_reset(request.data), tenant)
+        return await self.get_action(client, request.data, tenant)
 
     # --- endpoints --------------------------------------------------------------------------------------------------
-    async def get_action(self, client: str, data: dict) -> list:
+    async def get_action(self, client: str, data: dict, tenant: str = DEFAULT_TENANT) -> list:
         req = rldx.parse_get_action(data, LANGUAGE_KEY, max_batch=self.runner.max_rows)
         opts = req.options
         gen = generations.GenerationRequest(
@@ -142,8 +152,8 @@ class ZmqDoor:
             action_prefix=opts.action_prefix,
             return_video=opts.return_video,
         )
-        self._remember(client, opts.session_ids, gen.route_key)
-        reply = await self.runner.run(gen, self.zcfg.request_timeout_s)
+        self._remember((tenant, client), opts.session_ids, gen.route_key)
+        reply = await self.runner.run(gen, self.zcfg.request_timeout_s, tenant)
         reports = []
         for own_id, report in zip(opts.session_ids, reply.sessions):
             entry = report.to_dict()
@@ -159,15 +169,15 @@ class ZmqDoor:
             info["video"] = reply.video  # uint8 [B, T, H, W, 3], one row per session
         return rldx.action_reply(self.embodiment.split_actions(reply.actions), info)
 
-    async def reset(self, client: str, session_ids: list[str] | None) -> dict:
-        known = self.sessions.get(client, {})
+    async def reset(self, client: str, session_ids: list[str] | None, tenant: str = DEFAULT_TENANT) -> dict:
+        known = self.sessions.get((tenant, client), {})
         names = list(known) if session_ids is None else session_ids
         by_route: dict[str, list[str]] = {}
         for name in names:
             model_id = model_session_id(client, name)
             by_route.setdefault(known.get(name, model_id), []).append(model_id)
         for route, model_ids in by_route.items():
-            await self.runner.reset_sessions(route, model_ids, self.zcfg.request_timeout_s)
+            await self.runner.reset_sessions(route, model_ids, self.zcfg.request_timeout_s, tenant)
         return {"cleared_sessions": names}
 
     async def modality_config(self) -> dict:
@@ -181,7 +191,7 @@ class ZmqDoor:
             "language": rldx.ModalityConfig([0], [LANGUAGE_KEY]),
         }
 
-    def _remember(self, client: str, session_ids: list[str], route_key: str) -> None:
+    def _remember(self, client: tuple[str, str], session_ids: list[str], route_key: str) -> None:
         known = self.sessions.pop(client, {})
         for sid in session_ids:
             known[sid] = route_key
@@ -293,6 +303,10 @@ class ZmqIngressDeployment:
 
     def ready(self) -> bool:
         return not self._task.done()
+
+    def reconfigure(self, user_config: dict) -> None:
+        """Serve's `user_config` of ZmqIngress: keys and quotas, applied without replacing the replica."""
+        self.door.reconfigure(user_config)
 
     def check_health(self) -> None:
         if self._task.done() and not self.door.killed.is_set():
