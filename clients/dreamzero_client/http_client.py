@@ -13,7 +13,8 @@ What it does for you:
 - real-time chunking (docs/rtc.md): `rtc_prefix_len`, `rtc_exec_horizon`, `action_prefix` per row go to
   `parameters` as given (the server checks them and names the field it refuses);
 - retries connection errors, timeouts and 500/502/503/504 with linear backoff (honouring `Retry-After`), never other
-  4xx; raises typed errors from `dreamzero_client.errors` carrying the server's message and field;
+  4xx; raises typed errors from `dreamzero_client.errors` carrying the server's message and field (a 429, the key's
+  tenant over a quota, is `QuotaExceededError` with the server's `retry_after_s`);
 - bypasses HTTP proxies for loopback addresses (a corporate `HTTP_PROXY` must not capture 127.0.0.1);
 - https:// always verifies the server's certificate and host name, against `ca_bundle` or the system trust store
   (`dreamzero_client.tls`); a certificate that does not verify raises `SecureChannelError` at once, never retried.
@@ -42,6 +43,7 @@ from dreamzero_client.errors import (
     BadRequestError,
     InvalidRequest,
     ProtocolError,
+    QuotaExceededError,
     ReadyTimeout,
     ServerError,
     ServerUnavailableError,
@@ -351,6 +353,9 @@ class ActionClient:
                 if resp.status_code < 300:
                     return resp
                 code, message, fld = self._error_parts(resp)
+                if resp.status_code == 429:  # the key's tenant is over a quota: the caller decides whether to wait
+                    wait = parse_retry_after(resp.headers.get("Retry-After"))
+                    raise QuotaExceededError(message, 429, code, fld, resp.content, retry_after_s=wait)
                 if resp.status_code not in RETRY_STATUSES:
                     cls = AuthenticationError if resp.status_code in (401, 403) else BadRequestError
                     if resp.status_code >= 500 or resp.status_code < 400:

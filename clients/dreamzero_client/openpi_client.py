@@ -37,6 +37,7 @@ from dreamzero_client.errors import (
     InvalidRequest,
     PolicyServerError,
     ProtocolError,
+    QuotaExceededError,
     ReplyTimeout,
     ServerUnavailableError,
 )
@@ -306,10 +307,13 @@ class OpenPIClient:
         raise AssertionError("unreachable")
 
 
-def _error_from_frame(frame: dict) -> PolicyServerError:
-    return PolicyServerError(
-        str(frame.get("message", "error")), status=frame.get("status"), code=frame.get("code"), field=frame.get("field")
-    )
+def _error_from_frame(frame: dict) -> PolicyServerError | QuotaExceededError:
+    message, status = str(frame.get("message", "error")), frame.get("status")
+    code, fld = frame.get("code"), frame.get("field")
+    if status == 429:  # the key's tenant is over a quota; `retry_after_s` as the server said
+        wait = frame.get("retry_after_s")
+        return QuotaExceededError(message, 429, code, fld, frame, wait if isinstance(wait, (int, float)) else None)
+    return PolicyServerError(message, status=status, code=code, field=fld)
 
 
 def _body_text(e: InvalidStatus) -> str:

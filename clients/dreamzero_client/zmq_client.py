@@ -28,6 +28,7 @@ from dreamzero_client.errors import (
     AuthenticationError,
     BadRequestError,
     ConfigError,
+    QuotaExceededError,
     ReplyTimeout,
     SecureChannelError,
     ServerError,
@@ -38,6 +39,10 @@ from dreamzero_client.wire import rldx
 def _server_error(reply: dict) -> ServerError:
     """`{"error", "code", "status", "field"}` -> the client error class HTTP clients raise for the same status."""
     status = reply.get("status") if isinstance(reply.get("status"), int) else None
+    if status == 429:  # the token's tenant is over a quota; `retry_after_s` as the server said
+        wait = reply.get("retry_after_s")
+        wait = wait if isinstance(wait, (int, float)) else None
+        return QuotaExceededError(str(reply["error"]), status, reply.get("code"), reply.get("field"), reply, wait)
     cls = ServerError
     if status in (401, 403):
         cls = AuthenticationError
