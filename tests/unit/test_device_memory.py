@@ -150,3 +150,35 @@ def test_a_build_on_a_node_without_gpus_leaves_the_fit_to_the_replicas(monkeypat
         builder.check_gpu_fit(cfg)
     monkeypatch.setattr(builder, "_cluster_has_gpus", lambda: True)
     builder.check_gpu_fit(cfg)  # logged, not raised: each Policy replica sizes itself on its own GPU
+
+
+@pytest.fixture(scope="module")
+def tiny_layouts(tmp_path_factory):
+    from tests.unit.checkpoint_fixtures import write_tiny_layouts
+
+    return write_tiny_layouts(tmp_path_factory.mktemp("layouts"))
+
+
+@pytest.mark.parametrize("layout", ["hf", "full_weights", "diffusers"])
+def test_serve_run_checks_every_layout_before_any_replica_loads(tiny_layouts, layout, monkeypatch):
+    """The fit checks read the weights' size from the model's config, so RLinf's `full_weights.pt` and a
+    `-Diffusers` folder are checked at `serve run` as the HF layout is: weights against device memory, then the
+    session budget against what is left, each error naming the field to change."""
+    from dreamzero.checkpoint import model_nbytes
+    from serve_graph.builder import build_app, check_gpu_fit
+    from serve_graph.config import parse_app_args
+    from serve_graph.model_source import model_config
+
+    args = {"model_path": str(tiny_layouts[layout]), "policy": {"num_gpus": 1}}
+    if layout == "full_weights":
+        args["checkpoint_config"] = "tiny"  # the .pt stores no config
+    weights = model_nbytes(model_config(parse_app_args(args)), torch.bfloat16)
+    assert 1 << 20 < weights < 4 << 20  # the tiny model in bf16, whatever the layout
+
+    monkeypatch.setenv(SIMULATED_GPU_ENV, "1MiB")
+    with pytest.raises(ConfigError, match="model_path: the model holds .* GiB of weights .* simulated GPU of"):
+        build_app(args)  # the first thing build_app does: nothing was bound, no replica started
+    monkeypatch.setenv(SIMULATED_GPU_ENV, "1536MiB")
+    check_gpu_fit(parse_app_args(args))  # fits: weights, one full-window session and the 5 % margin
+    with pytest.raises(ConfigError, match=r"sessions.max_bytes=1.5 GiB \+ .* lower it or set it to auto"):
+        build_app({**args, "sessions": {"max_bytes": "1500MiB"}})  # with the weights and the margin: over 1.5 GiB
