@@ -26,6 +26,7 @@ class CliArgs:
     path: str
     url: str | None
     api_key: str | None
+    ca_bundle: str | None
     timeout_s: float
     model_path: str | None
     open_loop_horizon: int
@@ -87,11 +88,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("policy")
     g.add_argument("--policy", choices=("openpi", "http", "embedded"), default="openpi", help="how to reach the policy")
-    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--host", default="127.0.0.1", help="host name, or a ws:// / wss:// URL for --policy openpi")
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--path", default="/", help="OpenPI WebSocket path (e.g. /v1/realtime/robot/openpi)")
-    g.add_argument("--url", default=None, help="HTTP base URL (default http://HOST:PORT)")
+    g.add_argument("--url", default=None, help="HTTP base URL, http:// or https:// (default http://HOST:PORT)")
     g.add_argument("--api-key", default=None)
+    g.add_argument(
+        "--ca-bundle",
+        default=None,
+        metavar="PATH",
+        help="PEM of the CA certificate(s) a wss:// / https:// server's certificate must chain to (default: the "
+        "system trust store)",
+    )
     g.add_argument("--timeout-s", type=float, default=120.0, help="per-call timeout")
     g.add_argument("--model-path", default=None, help="embedded policy checkpoint (default: the tiny random model)")
     g.add_argument("--open-loop-horizon", type=int, default=8, help="chunk rows executed before the next query")
@@ -168,6 +176,8 @@ def droid_args(ns: argparse.Namespace) -> CliArgs:
         )
     if args.rtc_delay_steps is not None and (not args.rtc or args.rtc_delay_steps < 1):
         raise ConfigError(f"--rtc-delay-steps: expected >= 1 together with --rtc, got {args.rtc_delay_steps}")
+    if args.ca_bundle is not None and args.policy == "embedded":
+        raise ConfigError("--ca-bundle: the embedded policy runs in this process; use it with --policy openpi or http")
     return args
 
 
@@ -201,16 +211,29 @@ def make_env_factory(args: CliArgs):
     return isaac_factory
 
 
+def server_tls(url: str, ca_bundle: str | None, url_option: str) -> dict:
+    """The links' TLS keyword (`ca_bundle`), checked here so a bad one names the option, before anything connects."""
+    from dreamzero_client.tls import check_scheme, client_context
+
+    if ca_bundle is None:
+        return {}
+    check_scheme(url.split("://", 1)[0], ca_bundle, f"--ca-bundle with {url_option} {url}")
+    client_context(ca_bundle, field="--ca-bundle")
+    return {"ca_bundle": ca_bundle}
+
+
 def make_policy(args: CliArgs):
     from dreamzero_client.openpi_client import build_uri
     from eval.policy_links import make_policy
 
     if args.policy == "openpi":
         url = build_uri(args.host, args.port, args.path)
-        return make_policy("openpi", url=url, api_key=args.api_key, timeout_s=args.timeout_s)
+        tls = server_tls(url, args.ca_bundle, "--host")
+        return make_policy("openpi", url=url, api_key=args.api_key, timeout_s=args.timeout_s, **tls)
     if args.policy == "http":
         url = args.url or f"http://{args.host}:{args.port}"
-        return make_policy("http", base_url=url, api_key=args.api_key, timeout_s=args.timeout_s)
+        tls = server_tls(url, args.ca_bundle, "--url")
+        return make_policy("http", base_url=url, api_key=args.api_key, timeout_s=args.timeout_s, **tls)
     return make_policy("embedded", model_path=args.model_path)
 
 

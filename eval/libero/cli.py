@@ -73,10 +73,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_libero_arguments(p)
     g = p.add_argument_group("policy server (HTTP)")
-    g.add_argument("--url", default=None, help="base URL (default http://HOST:PORT)")
+    g.add_argument("--url", default=None, help="base URL, http:// or https:// (default http://HOST:PORT)")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
     g.add_argument("--api-key", default=None)
+    g.add_argument(
+        "--ca-bundle",
+        default=None,
+        metavar="PATH",
+        help="PEM of the CA certificate(s) an https:// server's certificate must chain to (default: the system "
+        "trust store)",
+    )
     g.add_argument("--timeout-s", type=float, default=300.0, help="per-request timeout")
     g.add_argument("--seed", type=int, default=0, help="base of the per-row request seeds")
     g = p.add_argument_group("outputs")
@@ -120,15 +127,21 @@ def run_from_args(ns: argparse.Namespace) -> int:
     """Everything after parsing; `dreamzero-eval --sim libero` can call this with its own namespace."""
     from dreamzero_client.errors import ClientError
     from dreamzero_client.http_client import ActionClient
+    from dreamzero_client.tls import check_scheme, client_context
     from eval.libero.env import LiberoBackend
     from eval.libero.runner import run_libero_evaluation
     from eval.summary import summary_markdown
 
     try:
         config = config_from_args(ns)
-        backend = LiberoBackend(ns.suite, resolution=ns.resolution, seed=ns.seed)
         url = ns.url or f"http://{ns.host}:{ns.port}"
-        client = ActionClient(url, api_key=ns.api_key, timeout_s=ns.timeout_s, max_retries=ns.max_retries)
+        if ns.ca_bundle is not None:  # checked here so the message names the options
+            check_scheme(url.split("://", 1)[0], ns.ca_bundle, f"--ca-bundle with --url {url}")
+            client_context(ns.ca_bundle, field="--ca-bundle")
+        client = ActionClient(
+            url, api_key=ns.api_key, timeout_s=ns.timeout_s, max_retries=ns.max_retries, ca_bundle=ns.ca_bundle
+        )
+        backend = LiberoBackend(ns.suite, resolution=ns.resolution, seed=ns.seed)
     except (ConfigError, MissingDependency, ValueError) as exc:
         print(f"dreamzero-eval-libero: {exc}", file=sys.stderr)
         return 2

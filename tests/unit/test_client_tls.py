@@ -147,3 +147,52 @@ def test_ca_bundle_errors_name_the_field(pki, tmp_path):
     with pytest.raises(ConfigError, match=r"^ca_bundle: '.*not-pem.txt' holds no readable PEM certificate"):
         (tmp_path / "not-pem.txt").write_text("hello")
         OpenPILink("wss://localhost:1", ca_bundle=str(tmp_path / "not-pem.txt"))
+
+
+# --- the command lines: --ca-bundle beside every server URL option ---------------------------------------------------
+def test_eval_cli_reaches_a_wss_server_with_ca_bundle(pki, servers, capsys):
+    from eval.cli import main, make_policy, parse_args
+
+    url = f"wss://localhost:{servers['good']}/ws"
+    policy = make_policy(parse_args(["--host", url, "--ca-bundle", str(pki.ca), "--timeout-s", "10"]))
+    try:
+        assert isinstance(policy.link, OpenPILink) and policy.link.open() == HANDSHAKE
+    finally:
+        policy.close()
+    assert main(["--policy", "http", "--url", "http://localhost:1", "--ca-bundle", str(pki.ca)]) == 2
+    assert "--ca-bundle with --url http://localhost:1: a CA bundle was given for a http://" in capsys.readouterr().err
+    assert main(["--policy", "embedded", "--ca-bundle", str(pki.ca)]) == 2
+    assert "--ca-bundle: the embedded policy runs in this process" in capsys.readouterr().err
+    assert main(["--host", url, "--ca-bundle", "/nonexistent/ca.pem"]) == 2
+    assert "--ca-bundle: '/nonexistent/ca.pem' is not a file" in capsys.readouterr().err
+
+
+def test_eval_libero_cli_refuses_a_bad_ca_bundle_before_the_simulator(pki, servers, capsys, tmp_path):
+    from eval.libero.cli import main
+
+    out = ["--out", str(tmp_path)]
+    assert main(["--url", "http://localhost:1", "--ca-bundle", str(pki.ca), *out]) == 2
+    assert "--ca-bundle with --url http://localhost:1: a CA bundle was given" in capsys.readouterr().err
+    assert main(["--url", f"https://localhost:{servers['expired']}", "--ca-bundle", str(pki.ca), *out]) == 2
+    assert "did not verify: certificate has expired" in capsys.readouterr().err
+
+
+def test_franka_cli_takes_ca_bundle(pki, servers):
+    from dreamzero_client.franka.cli import DeployArgs, build_parser
+    from dreamzero_client.franka.policy import connect_policy
+    from dreamzero_client.policy import DroidPolicy
+
+    base = ["--prompt", "p", "--robot", "sim", "--cameras", "synthetic", "--embodiment", "oxe_droid"]
+    url = f"wss://localhost:{servers['good']}/ws"
+    args = DeployArgs.from_namespace(build_parser().parse_args([*base, "--server", url, "--ca-bundle", str(pki.ca)]))
+    assert args.ca_bundle == str(pki.ca)
+    policy = connect_policy(args.server, args.prompt, timeout_s=10, embodiment="oxe_droid", ca_bundle=args.ca_bundle)
+    try:
+        assert isinstance(policy, DroidPolicy)
+    finally:
+        policy.close()
+    with pytest.raises(SecureChannelError, match="unable to get local issuer certificate"):
+        connect_policy(url, "p", timeout_s=10, embodiment="oxe_droid")  # the system store does not know the test CA
+    plain = build_parser().parse_args([*base, "--server", "ws://localhost:1", "--ca-bundle", str(pki.ca)])
+    with pytest.raises(ConfigError, match=r"^--ca-bundle with --server ws://localhost:1: a CA bundle was given"):
+        DeployArgs.from_namespace(plain)

@@ -8,6 +8,9 @@
     dreamzero-franka --server ws://gpu-box:8000 --robot-ip 172.16.0.2 --exterior-0 123456789 --wrist 345678912 \\
         --target-ee-pose 0.5 0.0 0.12 3.1416 0 0 --prompt "put the red block in the bin"
 
+    # a server behind TLS: wss:// (or https://) and the CA that signed its certificate
+    dreamzero-franka --server wss://gpu-box:8443 --ca-bundle /etc/dreamzero/ca.pem ...
+
     # also write every episode into a LeRobot v3.0 dataset to fine-tune on (needs dreamzero-client[record])
     dreamzero-franka ... --record-dataset datasets/franka-cups
 
@@ -35,6 +38,7 @@ from dreamzero_client.franka.pnp.safety import PnpSafetyConfig, PnpSafetyFilter
 from dreamzero_client.franka.pnp.task_poses import TaskPoses, add_task_pose_args, task_poses_from_args
 from dreamzero_client.franka.policy import EMBODIMENTS, connect_policy
 from dreamzero_client.franka.safety import SafetyConfig, SafetyFilter
+from dreamzero_client.tls import check_scheme, client_context
 
 logger = logging.getLogger("dreamzero.franka")
 #: --exterior-0 / --exterior-1 / --wrist name the serials of the DROID cameras, in this order
@@ -89,6 +93,7 @@ class DeployArgs:
     task_poses: TaskPoses | None = None  # parsed and validated here, before anything connects
     joint_reset: bool = True
     record_dataset: str | None = None  # every episode also into this LeRobot v3.0 dataset (franka/recording.py)
+    ca_bundle: str | None = None  # wss:// / https://: the CA certificate(s) the server's must chain to
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> DeployArgs:
@@ -111,6 +116,9 @@ class DeployArgs:
             raise ConfigError(f"--episodes must be >= 1, got {ns.episodes}")
         if ns.timeout_s <= 0:
             raise ConfigError(f"--timeout-s must be positive, got {ns.timeout_s}")
+        if ns.ca_bundle is not None:  # before anything connects; the message names the options
+            check_scheme(ns.server.split("://", 1)[0].lower(), ns.ca_bundle, f"--ca-bundle with --server {ns.server}")
+            client_context(ns.ca_bundle, field="--ca-bundle")
         if ns.record_dataset:
             from dreamzero_client.franka.recording import require_extra
 
@@ -157,6 +165,7 @@ class DeployArgs:
             task_poses=task_poses,
             joint_reset=not ns.no_joint_reset,
             record_dataset=ns.record_dataset or None,
+            ca_bundle=ns.ca_bundle,
         )
 
 
@@ -190,8 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="dreamzero-franka", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     g = p.add_argument_group("server")
-    g.add_argument("--server", required=True, help="ws://host:port[/path] (OpenPI WebSocket) or http://host:port")
+    g.add_argument("--server", required=True,
+                   help="ws:// or wss://host:port[/path] (OpenPI WebSocket), http:// or https://host:port")  # fmt: skip
     g.add_argument("--api-key", default=None, help="API key, if the server requires one")
+    g.add_argument("--ca-bundle", default=None, metavar="PATH",
+                   help="PEM of the CA certificate(s) a wss:// / https:// server's certificate must chain to "
+                   "(default: the system trust store)")  # fmt: skip
     g.add_argument("--timeout-s", type=float, default=30.0, help="per-call timeout; longer silence = server lost")
     g.add_argument("--prompt", required=True, help="the task instruction sent with every observation")
     g.add_argument("--embodiment", choices=("auto", *EMBODIMENTS), default="auto",
@@ -296,7 +309,12 @@ def run(args: DeployArgs, operator: Operator | None = None) -> list:
     with ExitStack() as stack:
         # the server first: it decides the embodiment, and a wrong URL or server fails before any device connects
         policy = connect_policy(
-            args.server, args.prompt, api_key=args.api_key, timeout_s=args.timeout_s, embodiment=args.embodiment
+            args.server,
+            args.prompt,
+            api_key=args.api_key,
+            timeout_s=args.timeout_s,
+            embodiment=args.embodiment,
+            ca_bundle=args.ca_bundle,
         )
         stack.callback(policy.close)
         embodiment = "franka_pnp" if isinstance(policy, PnpPolicy) else "oxe_droid"

@@ -58,8 +58,10 @@ def connect_policy(
     timeout_s: float = 30.0,
     max_reconnects: int = 1,
     embodiment: str | None = "oxe_droid",
+    ca_bundle: str | None = None,
 ) -> DroidPolicy | PnpPolicy:
-    """The policy for `url` (ws:// / wss:// -> OpenPI WebSocket; http:// / https:// -> the HTTP endpoint).
+    """The policy for `url` (ws:// / wss:// -> OpenPI WebSocket; http:// / https:// -> the HTTP endpoint; `ca_bundle`:
+    the CA certificate(s) a TLS server's must chain to, default the system trust store).
 
     `embodiment`: "oxe_droid" / "franka_pnp" to insist on one (a server advertising another is an error), None to
     take the server's. The server is contacted here (handshake or metadata), so a wrong URL or a mismatched server
@@ -69,7 +71,9 @@ def connect_policy(
         raise ConfigError(f"--embodiment must be one of {EMBODIMENTS} (or auto), got {embodiment!r}")
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidObservation("prompt: expected a non-empty instruction", field="prompt")
-    probe = connect(url, api_key=api_key, timeout_s=timeout_s, max_reconnects=max_reconnects, field="--server")
+    probe = connect(
+        url, api_key=api_key, timeout_s=timeout_s, max_reconnects=max_reconnects, field="--server", ca_bundle=ca_bundle
+    )
     tag, said = None, "not asked"
     if isinstance(probe, OpenPILink) or embodiment is None:  # HTTP with a chosen embodiment: checked on first query
         try:
@@ -89,7 +93,9 @@ def connect_policy(
         return DroidPolicy(probe, prompt=prompt, session_prefix="franka")
     if isinstance(probe, OpenPILink):  # the probe was DROID's link; franka_pnp's sends its own message
         probe.close()
-        link = PnpOpenPILink(url, api_key=api_key, timeout_s=timeout_s, max_reconnects=max_reconnects)
+        link = PnpOpenPILink(
+            url, api_key=api_key, timeout_s=timeout_s, max_reconnects=max_reconnects, ca_bundle=ca_bundle
+        )
         link.open()
     else:
         link = PnpHttpLink(url, client=probe.client)
