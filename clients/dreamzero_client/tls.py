@@ -60,7 +60,7 @@ def secure_channel_error(exc: BaseException, where: str) -> SecureChannelError |
     """
     for err in _chain(exc):
         if isinstance(err, ssl.SSLCertVerificationError):
-            reason = err.verify_message or err.reason or str(err)
+            reason = (err.verify_message or err.reason or str(err)).rstrip(".")
             return SecureChannelError(
                 f"TLS: the certificate of {where} did not verify: {reason}; {_hint(err.verify_code)}", reason
             )

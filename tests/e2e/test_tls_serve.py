@@ -80,7 +80,7 @@ def test_https_wss_and_curve_through_serve_run(tmp_path):
             f"wss://localhost:{port}": (None, UNTRUSTED),
             f"https://127.0.0.1:{port}": (
                 pki.ca,
-                "IP address mismatch, certificate is not valid for '127.0.0.1'.; connect by a name the certificate "
+                "IP address mismatch, certificate is not valid for '127.0.0.1'; connect by a name the certificate "
                 "carries (its subjectAltName) or reissue it for this host",
             ),
         }

@@ -85,7 +85,7 @@ REFUSALS = {  # case -> (server, ca bundle, OpenSSL's reason, what the message t
     "other_host_name": (
         "other_host",
         "ca",
-        "Hostname mismatch, certificate is not valid for 'localhost'.",
+        "Hostname mismatch, certificate is not valid for 'localhost'",
         "connect by a name the certificate carries (its subjectAltName) or reissue it for this host",
     ),
     "expired": ("expired", "ca", "certificate has expired", "the server's certificate must be renewed"),
