@@ -173,3 +173,18 @@ def test_key_pair_cli(tmp_path, capsys):
     assert (tmp_path / "door.key_secret").stat().st_mode & 0o077 == 0
     assert zmq_keys_main([str(tmp_path), "door"]) == 2  # never overwrites a pair
     assert "exists already" in capsys.readouterr().err
+
+
+def test_curve_client_against_a_plain_server_says_so(keys):
+    ctx = zmq.Context()
+    plain = ctx.socket(zmq.ROUTER)  # the door without zmq.curve is a plain ROUTER
+    port = plain.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        with ZmqPolicyClient("127.0.0.1", port, 20, server_key=keys["server"][0]) as client:
+            t0 = time.monotonic()
+            with pytest.raises(SecureChannelError, match=r"failed: the server does not use CURVE$"):
+                client.ping()
+            assert time.monotonic() - t0 < 5.0
+    finally:
+        plain.close(linger=0)
+        ctx.term()
