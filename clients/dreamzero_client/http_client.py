@@ -22,6 +22,8 @@ What it does for you:
 Light on purpose: numpy, msgpack, httpx and `dreamzero_client.wire`/`codec`; no torch, no Ray.
 """
 
+# Longer than ~400 lines on purpose: one client class whose retry, continuity, TLS and error rules are read together.
+
 from __future__ import annotations
 
 import email.utils
