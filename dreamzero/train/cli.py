@@ -72,6 +72,13 @@ def _parser() -> argparse.ArgumentParser:
         help="training workers on Ray Train (one per GPU with --device cuda, else CPU processes); 1: this process",
     )
     p.add_argument(
+        "--strategy",
+        choices=["auto", "ddp", "fsdp"],
+        default=d.strategy,
+        help="with several workers: ddp (a whole model per worker), fsdp (FSDP2: the DiT, its gradients and optimizer "
+        "state sharded), auto (fsdp when ddp would take over half a device's memory)",
+    )
+    p.add_argument(
         "--micro-batch-size",
         type=int,
         default=None,
@@ -84,7 +91,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-clip", type=float, default=d.grad_clip, help="0 disables clipping")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1, ...")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=d.dtype, help="autocast dtype of the DiT")
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=d.dtype,
+        help="compute dtype of the DiT (autocast; with fsdp also the gathered parameters); weights, optimizer state "
+        "and gradient reduction stay float32",
+    )
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--save-every", type=int, default=d.save_every)
     p.add_argument("--max-episodes", type=int, default=None)
@@ -162,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action_loss_weight=args.action_loss_weight, start_stride=args.start_stride,
         cache_encodings=args.cache_encodings, stop_at=args.stop_at, action_bounds=args.action_bounds,
         state_noise=args.state_noise, micro_batch_size=args.micro_batch_size, lora_rank=args.lora_rank,
-        lora_alpha=args.lora_alpha,
+        lora_alpha=args.lora_alpha, strategy=args.strategy,
     )  # fmt: skip
     if args.num_workers > 1:
         from dreamzero.train.distributed import run_distributed

@@ -3,10 +3,10 @@
 Ray Train's `TorchTrainer` starts the workers (on this machine, or across a Ray cluster: `ray start` on each node,
 then run the command anywhere in it), makes the torch.distributed process group (NCCL on GPU, gloo on CPU) and runs
 `_worker_loop` on each. Every worker builds the same `Trainer` from the same checkpoint and seeds, draws the same
-global batch of clips and noise, computes its rows of it and averages gradients with DDP, so N workers take the step
-one process would (to float round-off) and hold identical optimizer state. Worker 0 writes the log and the
-checkpoints into `--out`, which must be one folder every worker sees (a shared filesystem across nodes); the state
-it saves names no worker count, so a run resumes on any number of workers.
+global batch of clips and noise, computes its rows of it and averages gradients (DDP, or FSDP2's reduce-scatter with
+`--strategy fsdp`: `sharding.py`), so N workers take the step one process would (to float round-off). Worker 0
+writes the log and the checkpoints into `--out`, which must be one folder every worker sees (a shared filesystem
+across nodes); the state it saves is full and names no worker count, so a run resumes on any number of workers.
 
 Ray is imported here only: the Trainer itself needs torch.distributed alone.
 """
@@ -63,7 +63,8 @@ def run_distributed(
         _worker_loop,
         train_loop_config={"cfg": dataclasses.asdict(cfg), "resume": resume, "threads": threads_per_worker},
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker=per_worker),
-        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=600),
+        # the bound of every collective, also of a worker waiting while the others of its node load (sharding.py)
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo", timeout_s=1800),
         run_config=RunConfig(name="dreamzero-train", storage_path=str(out / "ray")),
     )
     trainer.fit()

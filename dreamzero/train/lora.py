@@ -98,12 +98,18 @@ def adapter_state(dit: nn.Module) -> dict[str, torch.Tensor]:
             for p in ("lora_A", "lora_B")}  # fmt: skip
 
 
-def save_adapter(dit: nn.Module, path: Path, base: str | None, alpha: float) -> None:
+def save_adapter(dit: nn.Module, path: Path, base: str | None, alpha: float, state: dict | None = None) -> None:
+    """Write the adapters of `dit`; `state`: the DiT's full state dict to take them from (a sharded DiT's, gathered)."""
     from safetensors.torch import save_file
 
     layers = lora_layers(dit)
     rank = next(iter(layers.values())).rank
-    save_file(adapter_state(dit), str(path / ADAPTER_WEIGHTS))
+    if state is None:
+        tensors = adapter_state(dit)
+    else:
+        keys = [f"{n}.{p}" for n in layers for p in ("lora_A", "lora_B")]
+        tensors = {k: state[k].detach().cpu().contiguous() for k in keys}
+    save_file(tensors, str(path / ADAPTER_WEIGHTS))
     config = {"rank": rank, "alpha": alpha, "targets": list(TARGETS), "base_model": base}
     (path / ADAPTER_CONFIG).write_text(json.dumps(config, indent=1) + "\n")
 

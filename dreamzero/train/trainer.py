@@ -6,6 +6,7 @@ Checkpoints (`<out>/checkpoint-<step>/`): the model in our HF release layout (`d
 which serving needs), and `trainer_state.pt` (optimizer, step, sampler and noise generator states) for resuming.
 `<out>/latest` names the newest checkpoint; `<out>/train_log.jsonl` gets one line per logged step.
 The same code runs on CPU and GPU: `device` and `dtype` only choose where the tensors live and the autocast type.
+Under torch.distributed (`distributed.py`) the DiT is replicated (DDP) or sharded (FSDP2): see `sharding.py`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 import torch
 
 from dreamzero.errors import ConfigError
+from dreamzero.train import sharding
 from dreamzero.train.augment import draw_state_noise, perturb_states, state_noise_plan
 from dreamzero.train.data import ClipSampler, load_episodes
 from dreamzero.train.mixture import DatasetSpec, MixtureSampler
@@ -71,6 +73,7 @@ class TrainConfig:
     mixture: list[dict] | None = None
     lora_rank: int = 0  # > 0: train LoRA adapters of this rank on the DiT's attention / FFN layers, the rest frozen
     lora_alpha: float | None = None  # the adapters' scale is alpha / rank (None: alpha = rank)
+    strategy: str = "auto"  # several workers: "ddp" (replicas), "fsdp" (FSDP2 shards), "auto" (sharding.py's rule)
 
     def dataset_specs(self) -> list[DatasetSpec]:
         if not self.mixture:
@@ -94,6 +97,10 @@ class TrainConfig:
     def validate(self) -> None:
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype: expected one of {sorted(DTYPES)}, got {self.dtype!r}")
+        from dreamzero.train.sharding import STRATEGIES
+
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy: expected one of {list(STRATEGIES)}, got {self.strategy!r}")
         for name in ("steps", "batch_size", "blocks", "log_every", "save_every", "start_stride"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: expected >= 1, got {getattr(self, name)}")
@@ -158,23 +165,23 @@ def _load_model(path: str | None, device: str):
     return model
 
 
-def _load_trained_model(cfg: TrainConfig, resume_from: Path | None):
-    """The model to train: the checkpoint resumed from, else cfg.init; with LoRA, the frozen base plus adapters (a
-    LoRA checkpoint holds only the adapters: the base comes from its adapter_config.json)."""
+def _load_trained_model(cfg: TrainConfig, resume_from: Path | None, device: str):
+    """The model to train, on `device`: the checkpoint resumed from, else cfg.init; with LoRA, the frozen base plus
+    adapters (a LoRA checkpoint holds only the adapters: the base comes from its adapter_config.json)."""
     from dreamzero.train import lora
 
     adapters = resume_from is not None and (resume_from / lora.ADAPTER_CONFIG).is_file()
     if adapters != (cfg.lora_rank > 0) and resume_from is not None:
         raise ConfigError(f"lora_rank: {resume_from} was trained {'with' if adapters else 'without'} LoRA; match it")
     if cfg.lora_rank == 0:
-        return _load_model(str(resume_from) if resume_from else cfg.init, cfg.device)
+        return _load_model(str(resume_from) if resume_from else cfg.init, device)
     if adapters:
         saved = lora.read_adapter_config(resume_from)
         if int(saved["rank"]) != cfg.lora_rank:
             raise ConfigError(f"lora_rank: {resume_from} holds rank {saved['rank']} adapters, got {cfg.lora_rank}")
-        model = _load_model(saved.get("base_model"), cfg.device)
+        model = _load_model(saved.get("base_model"), device)
     else:
-        model = _load_model(cfg.init, cfg.device)
+        model = _load_model(cfg.init, device)
     lora.apply_lora(model.model, cfg.lora_rank, cfg.lora_alpha, seed=cfg.seed)
     if adapters:
         lora.load_adapter(model.model, resume_from)
@@ -206,7 +213,8 @@ class Trainer:
         specs = cfg.dataset_specs()
         self.embodiments = [get_embodiment(spec.embodiment, self.metadata) for spec in specs]
         self.embodiment = self.embodiments[0]
-        self.model = _load_trained_model(cfg, resume_from)
+        self.world, self.rank = _world()
+        self.model, self.strategy = _placed_model(cfg, resume_from, self.world)
         dit_cfg = self.model.config.dit
         if cfg.blocks > dit_cfg.max_chunk_size:
             raise ConfigError(f"blocks: the model's window holds {dit_cfg.max_chunk_size} blocks, got {cfg.blocks}")
@@ -231,11 +239,10 @@ class Trainer:
         self.schedule = TrainingSchedule(device=cfg.device)
         self.generator = torch.Generator(device=cfg.device).manual_seed(cfg.seed)
         self.noise_plan = state_noise_plan(self.embodiment) if cfg.state_noise > 0 else None
-        self.world, self.rank = _world()
         self.accum = cfg.accumulation(self.world)
-        self.loss_module = _wrap_data_parallel(
-            _LossModule(self.model.model, self.schedule, DTYPES[cfg.dtype], cfg.action_loss_weight), cfg.device
-        )
+        self.loss_module = _LossModule(self.model.model, self.schedule, DTYPES[cfg.dtype], cfg.action_loss_weight)
+        if self.strategy == "ddp":
+            self.loss_module = _wrap_data_parallel(self.loss_module, cfg.device)
         params = [p for p in self.model.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999))
         self.step = 0
@@ -321,7 +328,7 @@ class Trainer:
             torch.distributed.all_reduce(sums)
         mean = (sums / g).tolist()
         params = [p for grp in self.optimizer.param_groups for p in grp["params"]]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or float("inf"))
+        grad_norm = sharding.grad_norm_value(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip or float("inf")))
         if not math.isfinite(mean[0]):
             raise FloatingPointError(f"step {self.step}: the loss is {mean[0]} (lower lr or use float32)")
         self.optimizer.step()
@@ -330,7 +337,7 @@ class Trainer:
         return {
             "step": self.step, "loss": mean[0], "video_loss": mean[1], "action_loss": mean[2],
             "grad_norm": float(grad_norm), "lr": self.lr_at(self.step - 1), "seconds": round(seconds, 4),
-            "samples_per_s": round(g / seconds, 3), "workers": self.world,
+            "samples_per_s": round(g / seconds, 3), "workers": self.world, "strategy": self.strategy,
         }  # fmt: skip
 
     @torch.no_grad()
@@ -375,33 +382,34 @@ class Trainer:
     # -- checkpoints -------------------------------------------------------------------------------------------------
 
     def save(self) -> Path:
-        """Worker 0 writes the checkpoint; the others wait for it (so a resume on any count finds it whole)."""
+        """Worker 0 writes the checkpoint; the others wait for it (so a resume on any count finds it whole). Sharded,
+        every worker first takes part in gathering the full model and optimizer states to worker 0."""
         path = self.out / f"checkpoint-{self.step:07d}"
+        dit_state = sharding.full_dit_state(self.model.model)
+        optimizer_state = sharding.full_optimizer_state(self.model.model, self.optimizer)
         if self.rank == 0:
-            self._write_checkpoint(path)
+            self._write_checkpoint(path, dit_state, optimizer_state)
         if self.world > 1:
             torch.distributed.barrier()
         return path
 
-    def _write_checkpoint(self, path: Path) -> None:
-        from dreamzero.checkpoint import save_model
-
+    def _write_checkpoint(self, path: Path, dit_state: dict | None, optimizer_state: dict) -> None:
         self.model.model.eval()
         if self.cfg.lora_rank > 0:  # the adapters only, naming their base (the ship step merges them)
             from dreamzero.train.lora import save_adapter
 
             path.mkdir(parents=True, exist_ok=True)
             base = str(Path(self.cfg.init).resolve()) if self.cfg.init else None
-            save_adapter(self.model.model, path, base, self.cfg.lora_alpha or self.cfg.lora_rank)
+            save_adapter(self.model.model, path, base, self.cfg.lora_alpha or self.cfg.lora_rank, state=dit_state)
         else:
-            save_model(self.model, path)
+            sharding.save_model_with(self.model, dit_state, path)
         self.model.model.train()
         (path / _META_PATH).parent.mkdir(parents=True, exist_ok=True)
         (path / _META_PATH).write_text(json.dumps(self.metadata, indent=1))
         torch.save(
             {
                 "step": self.step,
-                "optimizer": self.optimizer.state_dict(),
+                "optimizer": optimizer_state,  # full, keyed by parameter name: any strategy and worker count
                 "generator": self.generator.get_state(),
                 "sampler": self.sampler.rng.bit_generator.state,
                 "config": asdict(self.cfg),
@@ -412,9 +420,11 @@ class Trainer:
         log.info("saved %s", path)
 
     def _load_state(self, path: Path) -> None:
-        state = torch.load(path / STATE_FILE, map_location=self.cfg.device, weights_only=False)
+        # mmap: a sharded run's other workers read the small entries, not the full optimizer state worker 0 sends
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=False, mmap=True)
         self.step = int(state["step"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        broadcast = sharding.is_sharded(self.model.model) and self.rank > 0
+        sharding.load_optimizer_state(self.model.model, self.optimizer, None if broadcast else state["optimizer"])
         self.generator.set_state(state["generator"].cpu() if hasattr(state["generator"], "cpu") else state["generator"])
         self.sampler.rng.bit_generator.state = state["sampler"]
 
@@ -449,6 +459,29 @@ def _encode_mixed(model, clips: list) -> EncodedBatch:
     order = [i for rows in groups.values() for i in rows]
     parts = EncodedBatch.cat([encode_clips(model, [clips[i] for i in rows]) for rows in groups.values()])
     return parts.rows([order.index(i) for i in range(len(clips))])
+
+
+def _placed_model(cfg: TrainConfig, resume_from: Path | None, world: int):
+    """(model, strategy): the model to train, replicated or sharded over the workers as `cfg.strategy` says
+    (`sharding.resolve_strategy`). ddp and one worker load straight onto the device; otherwise each worker reads it
+    to host memory (on GPUs one worker of a node at a time), then shards the DiT or moves the model over."""
+    if world == 1 or cfg.strategy == "ddp":
+        strategy = sharding.resolve_strategy(cfg.strategy, world, 0, 0, 0)  # "single" or "ddp"
+        return _load_trained_model(cfg, resume_from, cfg.device), strategy
+    device = torch.device(cfg.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    memory = sharding.smallest_device_bytes(device)
+    with sharding.one_loader_per_node(device):
+        model = _load_trained_model(cfg, resume_from, "cpu")
+        strategy = sharding.resolve_strategy(cfg.strategy, world, *sharding.parameter_counts(model), memory)
+        if strategy == "fsdp":
+            sharding.shard_dit(model.model, device, DTYPES[cfg.dtype])  # the shards move to the device
+        for name, part in model.named_children():
+            if not (strategy == "fsdp" and name == "model"):
+                part.to(device)
+    log.info("strategy %s over %d workers (%s)", strategy, world, cfg.strategy)
+    return model, strategy
 
 
 def _world() -> tuple[int, int]:

@@ -65,9 +65,10 @@ def test_checkpoints_load_and_resume_continues(dataset, tmp_path):
 
     second = Trainer(_cfg(dataset, out, steps=3, save_every=10))
     assert second.step == 2
-    saved = torch.load(ckpt / STATE_FILE, weights_only=False)["optimizer"]["state"]
-    resumed = second.optimizer.state_dict()["state"]
-    torch.testing.assert_close(resumed[0]["exp_avg"], saved[0]["exp_avg"])
+    saved = torch.load(ckpt / STATE_FILE, weights_only=False)["optimizer"]["state"]  # keyed by parameter name
+    first_param = next(iter(second.model.model.parameters()))
+    resumed = second.optimizer.state[first_param]
+    torch.testing.assert_close(resumed["exp_avg"], saved["patch_embedding.weight"]["exp_avg"])
     second.run()
     assert second.step == 3 and (out / "checkpoint-0000003").is_dir()
     steps = [json.loads(line)["step"] for line in (out / LOG_FILE).read_text().splitlines()]
