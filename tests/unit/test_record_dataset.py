@@ -44,7 +44,7 @@ def test_episodes_marked_kept_and_appended(tmp_path):
         _step(rec, 0)
         _step(rec, 1)
     # close() ended the open episode as aborted; the loop thread only queued
-    assert rec.frames_queued == 10 and rec.write_seconds > 0
+    assert rec.frames_queued == 10 and rec.write_seconds > 0 and rec.write_cpu_seconds > 0
     marks = episode_marks(root)
     assert [(m["episode_index"], m["length"], m["success"], m["outcome"]) for m in marks] == [
         (0, 5, True, "success"),

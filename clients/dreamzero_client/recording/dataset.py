@@ -138,6 +138,7 @@ class DatasetRecorder:
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue)
         self._error: BaseException | None = None
         self.write_seconds = 0.0  # time the writer thread spent writing (not the loop's)
+        self.write_cpu_seconds = 0.0  # CPU time of the writer thread itself (the ffmpeg encoders are processes)
         self.loop_seconds, self.frames_queued = 0.0, 0  # what add_frame cost the calling loop (a copy and a put)
         self._thread = threading.Thread(target=self._run, name="dataset-recorder", daemon=True)
         self._thread.start()
@@ -224,7 +225,7 @@ class DatasetRecorder:
                     return
                 if self._error is not None:
                     continue  # drop the rest after a failure; the loop sees the error on its next call
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 if item[0] == "begin":
                     episode = _Episode(len(self._rows), item[1])
                 elif item[0] == "frame" and episode is not None:
@@ -233,6 +234,7 @@ class DatasetRecorder:
                     self._finish(episode, *item[1:])
                     episode = None
                 self.write_seconds += time.perf_counter() - t0
+                self.write_cpu_seconds += time.thread_time() - c0
             except BaseException as exc:  # kept for the loop's thread, which raises it
                 self._error = exc
                 log.exception("dataset recorder: writing %s failed", self.root)
