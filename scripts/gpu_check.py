@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,15 +80,40 @@ def run(stage: str, cmd: list[str], timeout_s: float, env: dict, log: Path) -> N
         raise StageFailed(stage, f"no time left ({timeout_s:.0f} s of the budget)")
     print(f"gpu-check: {stage}: {' '.join(cmd)} (at most {timeout_s:.0f} s)", flush=True)
     with open(log, "w") as out:
+        # its own process group: a stage stopped early takes what it started with it (a `serve run`, Ray)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            stop_group(proc)
             raise StageFailed(stage, f"did not finish within {timeout_s:.0f} s; log: {log}") from None
+        except BaseException:  # interrupted (Ctrl+C, or the caller's own bound): leave nothing running
+            stop_group(proc)
+            raise
     tail = log.read_text()[-3000:]
     print(tail, flush=True)
     if proc.returncode != 0:
         last = [line for line in tail.splitlines() if line.strip()][-1:] or ["(no output)"]
         raise StageFailed(stage, f"exit {proc.returncode}: {last[0][:300]}; log: {log}")
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 60.0) -> None:
+    """SIGINT to the stage's process group (pytest then runs its teardown: servers stop), SIGKILL after `grace_s`."""
+    for sig, wait_s in ((signal.SIGINT, grace_s), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGINT:  # the leader is gone; its group may still hold children
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return
 
 
 def read_figures(path: Path) -> list[dict]:

@@ -63,3 +63,43 @@ def test_the_benchmark_needs_both_compile_modes_each_as_its_mode_says():
         gpu_check.check_bench(bench_rows(ran={"dynamic skipping, compile dit": "none"}))
     with pytest.raises(gpu_check.StageFailed, match="wrote no rows"):
         gpu_check.check_bench({"rows": {}})
+
+
+@pytest.mark.parametrize("ignores_sigint", [False, True])
+def test_a_stopped_stage_leaves_nothing_of_its_process_group(tmp_path, ignores_sigint):
+    """A stage past its bound (or interrupted) is stopped with its whole process group: what it started (a server,
+    Ray) does not outlive it; SIGINT first (pytest's teardown), SIGKILL after the grace period."""
+    import signal
+    import subprocess
+    import time
+
+    child_pid = tmp_path / "child.pid"
+    script = (
+        "import signal, subprocess, sys, time\n"
+        + ("signal.signal(signal.SIGINT, signal.SIG_IGN)\n" if ignores_sigint else "")
+        + "child = subprocess.Popen(['sleep', '120'])\n"
+        + f"open({str(child_pid)!r}, 'w').write(str(child.pid))\n"
+        + "time.sleep(120)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not child_pid.exists() or not child_pid.read_text():
+        assert time.monotonic() < deadline and proc.poll() is None, "the stage never started its child"
+        time.sleep(0.05)
+    child = int(child_pid.read_text())
+    t0 = time.monotonic()
+    gpu_check.stop_group(proc, grace_s=1.0)
+    assert proc.returncode == (-signal.SIGKILL if ignores_sigint else -signal.SIGINT)
+    assert time.monotonic() - t0 < 15
+
+    def alive(pid: int) -> bool:  # a zombie waiting for init to reap it is gone
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+        except OSError:
+            return False
+
+    for _ in range(100):
+        if not alive(child):
+            break
+        time.sleep(0.05)
+    assert not alive(child), f"the stage's child {child} outlived it"
