@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 
-from dreamzero.errors import ConfigError, NotReady
+from dreamzero.errors import ConfigError, InvalidRequest, NotReady
 
 log = logging.getLogger("dreamzero.serve.cfg_rank")
 
@@ -27,6 +27,12 @@ log = logging.getLogger("dreamzero.serve.cfg_rank")
 LOAD_TIMEOUT_S = 1800.0
 #: a rank 1 ping unanswered for this long (its actor runs pings beside the model call) means it is gone
 PING_LIMIT_S = 30.0
+
+
+def out_of_step(exc: BaseException, exchanged: bool) -> bool:
+    """Whether a rank that failed a call with `exc` left the other one waiting: everything but bad input raised
+    before the call's first exchange (input checks run on both ranks alike, before any exchange)."""
+    return exchanged or not isinstance(exc, InvalidRequest)
 
 
 def node_address() -> str:
@@ -69,7 +75,23 @@ class CfgRank:
 
             torch.set_num_threads(threads)
             self.threads = threads
-        return self.pipeline.generate(batch).dit_steps
+        group = self.pipeline.branch_group
+        before = group.collectives
+        try:
+            return self.pipeline.generate(batch).dit_steps
+        except Exception as exc:
+            if not out_of_step(exc, group.collectives != before):
+                raise  # bad input: rank 0 raised the same before any exchange; the pair is still in step
+            # Rank 0 now waits in an exchange this rank will never join. Ending the process closes the group's
+            # sockets, so rank 0 fails at once (a live process leaves it waiting out the whole timeout) and its
+            # replica reports itself unhealthy.
+            log.error("CFG rank 1 failed mid-call (%s: %s); leaving so that rank 0 fails now", type(exc).__name__, exc)
+            self._leave()
+            raise
+
+    @staticmethod
+    def _leave() -> None:
+        os._exit(1)
 
     def ping(self) -> dict:
         group = getattr(self.pipeline, "branch_group", None)
@@ -128,13 +150,16 @@ class CfgPeer:
 
         try:
             result = generate()
-        except PeerLost as exc:  # 503: this replica is about to be replaced, the client may retry
+        except Exception as exc:
+            # bad input raised on both ranks before any exchange, and a failure here after the last one, leave rank 1
+            # done and the pair in step; anything else leaves rank 1 waiting in an exchange this rank will not join
             self._settle(ref, 5.0)
-            self._fail(str(exc))
-            raise NotReady(f"this policy replica lost its CFG-parallel rank 1: {exc}") from exc
-        except Exception:
-            self._settle(ref, 5.0)  # bad input: rank 1 raised the same (or the pair is broken, as _settle notes)
-            raise
+            if isinstance(exc, PeerLost):
+                self._fail(str(exc))
+            if self.problem is None:
+                raise
+            ray.kill(self.actor, no_restart=True)  # rather than let it wait out its timeout
+            raise NotReady(f"this policy replica lost its CFG-parallel rank 1: {self.problem}") from exc
         self._settle(ref, self.timeout_s)
         if self.problem is not None:
             raise NotReady(f"CFG-parallel rank 1 failed this call: {self.problem}")

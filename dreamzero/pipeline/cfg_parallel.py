@@ -25,6 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from dreamzero.rtc import CARRIED_ACROSS
 from dreamzero.sessions import BRANCHES, SessionStore
 
 #: rank -> the CFG branch it runs
@@ -66,6 +67,7 @@ class BranchGroup:
         else:
             self._tensors = dist.ProcessGroupGloo(dist.PrefixStore("tensors", store), rank, 2, timeout)
         self.broken: str | None = None  # why the group can no longer be used (a failed exchange)
+        self.collectives = 0  # collectives started so far: a failure after one leaves the other rank waiting
         self.exchanges = 0  # per-step exchanges so far (tests and metrics)
         self.exchanged_bytes = 0
 
@@ -102,8 +104,10 @@ class BranchGroup:
         """Make both ranks' rows of this call agree (rank 0's decisions win); returns this rank's rows.
 
         Rank 0 passes its rows (`resolve(None)`: its own decisions); rank 1 passes None and builds its rows with
-        `resolve(reasons)` from rank 0's. A row rank 1 cannot continue (its state is gone) restarts on both, reason
-        "evicted". Incarnations stay rank 0's business: rank 1 never checks them (it follows rank 0's reasons).
+        `resolve(reasons)` from rank 0's. A row rank 1 cannot follow restarts on both, reason "evicted": one rank 0
+        continues while rank 1 lost its state, or one restarting with its carried chunk (`rtc.CARRIED_ACROSS`) that
+        rank 1 no longer holds (the two ranks would steer the actions differently). Incarnations stay rank 0's
+        business: rank 1 never checks them (it follows rank 0's reasons).
         """
         if self.rank == 0:
             ids = set(batch.session_ids)
@@ -116,7 +120,13 @@ class BranchGroup:
         keep = set(decided.live) | set(batch.session_ids)
         store.drop([sid for sid in store.ids() if sid not in keep])
         rows = resolve(decided.reasons)
-        self._objects_gather([r.index for r in rows if r.restarted and decided.reasons[r.index] is None])
+        # resolve_rows takes rank 0's reason only where this store holds the state: a different one means it did not
+        lost = [
+            r.index
+            for r in rows
+            if r.restarted and r.reason != (why := decided.reasons[r.index]) and (why is None or why in CARRIED_ACROSS)
+        ]
+        self._objects_gather(lost)
         return rows
 
     def _objects_gather(self, obj) -> list:
@@ -135,6 +145,7 @@ class BranchGroup:
     def _run(self, start, what: str) -> None:
         if self.broken is not None:
             raise PeerLost(f"the CFG-parallel group is unusable: {self.broken}")
+        self.collectives += 1
         try:
             work = start()
             if not work.wait(timedelta(seconds=self.timeout_s)):
