@@ -42,5 +42,27 @@ export RAY_AUTH_MODE=disabled PYTHONHASHSEED=0
 export RAY_TMPDIR=${RAY_TMPDIR:-$(mktemp -d /tmp/rayXXXX)}
 export DREAMZERO_CACHE_DIR=${DREAMZERO_CACHE_DIR:-$PWD/.cache/dreamzero}
 
-# 3. the stages, each bounded by the time left (the clock starts here)
+# 3. where two GPUs are present: the two-GPU row of the CFG-parallel comparison (policy.cfg_parallel: 2; docs/
+#    benchmarks.md "CFG-parallel (two GPUs)"), before the clock and bounded on its own. It needs no Ray (two
+#    torch.distributed ranks over NCCL), so the air-gapped install runs it too.
+cfg2_skip=""
+if [ "$label" != "gpu-check" ]; then
+  cfg2_skip="a rehearsal simulates one GPU"
+elif [ "$(nvidia-smi -L | grep -c '^GPU ')" -lt 2 ]; then
+  cfg2_skip="$(nvidia-smi -L | grep -c '^GPU ') GPU here; the row needs two"
+else
+  for arg in "$@"; do [ "$arg" = "--only" ] && cfg2_skip="--only names the stages to run"; done
+fi
+if [ -n "$cfg2_skip" ]; then
+  echo "gpu-check: CFG-parallel two-GPU row skipped: $cfg2_skip"
+else
+  cfg2_log=.cache/gpu-check/cfg-parallel.txt
+  mkdir -p .cache/gpu-check
+  echo "gpu-check: CFG-parallel two-GPU row: benchmarks/cfg_parallel.py --device cuda (at most ${GPU_CHECK_CFG2_S:-420} s)"
+  timeout "${GPU_CHECK_CFG2_S:-420}" "$PY" benchmarks/cfg_parallel.py --device cuda --write-docs >"$cfg2_log" 2>&1 \
+    || fail cfg-parallel "exit $?: $(tail -1 "$cfg2_log" | cut -c1-300); log: $cfg2_log"
+  tail -5 "$cfg2_log"
+fi
+
+# 4. the stages, each bounded by the time left (the clock starts here)
 exec "$PY" scripts/gpu_check.py "$@"
