@@ -91,6 +91,9 @@ class QuotaExceeded(DreamZeroError):
         self.quota = quota
         self.retry_after_s = retry_after_s
 
+    def __reduce__(self):  # raised in a Policy replica, read in the door: pickled with its quota and hint
+        return type(self), (str(self), self.quota, self.retry_after_s)
+
 
 class NotReady(DreamZeroError):
     """The model or a deployment is still loading. HTTP 503."""

@@ -300,6 +300,14 @@ def test_session_quota_per_replica_and_in_total():
         store.check_group_room([scoped_id("eval", "e3")], limit=3)
 
 
+def test_a_quota_refusal_crosses_processes_whole():
+    """Raised in a Policy replica, pickled by Ray to the door: the quota and the retry hint survive."""
+    import pickle
+
+    back = pickle.loads(pickle.dumps(QuotaExceeded("over", "max_sessions", 12.5)))
+    assert (str(back), back.quota, back.retry_after_s, back.code) == ("over", "max_sessions", 12.5, "quota_exceeded")
+
+
 def test_audit_lines_name_the_tenant_never_more(caplog):
     reports = [
         SessionReport(scoped_id("team-a", "arm"), 1, True, "new_session", 1, "i1"),
