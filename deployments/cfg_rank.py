@@ -148,6 +148,7 @@ class CfgPeer:
         ref = self.actor.generate.remote(batch, threads)
         from dreamzero.pipeline.cfg_parallel import PeerLost
 
+        waited = self.group.wait_s
         try:
             result = generate()
         except Exception as exc:
@@ -163,6 +164,9 @@ class CfgPeer:
         self._settle(ref, self.timeout_s)
         if self.problem is not None:
             raise NotReady(f"CFG-parallel rank 1 failed this call: {self.problem}")
+        # the call's time in exchanges (transfers and waiting for rank 1): the reply's `model.cfg_exchange` timing
+        # and the dreamzero_stage_latency_ms metric's stage of that name
+        result.timings_ms = {**result.timings_ms, "cfg_exchange": (self.group.wait_s - waited) * 1000.0}
         return result
 
     def _settle(self, ref, timeout_s: float) -> None:

@@ -19,6 +19,7 @@ not the process-global default one, so two ranks can also live in one process (t
 from __future__ import annotations
 
 import pickle
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -70,6 +71,7 @@ class BranchGroup:
         self.collectives = 0  # collectives started so far: a failure after one leaves the other rank waiting
         self.exchanges = 0  # per-step exchanges so far (tests and metrics)
         self.exchanged_bytes = 0
+        self.wait_s = 0.0  # time spent in collectives: the transfers plus waiting for the other rank
 
     def close(self) -> None:
         """Let go of both process groups (a group left to the interpreter's exit may abort it)."""
@@ -146,6 +148,7 @@ class BranchGroup:
         if self.broken is not None:
             raise PeerLost(f"the CFG-parallel group is unusable: {self.broken}")
         self.collectives += 1
+        t0 = time.perf_counter()
         try:
             work = start()
             if not work.wait(timedelta(seconds=self.timeout_s)):
@@ -154,6 +157,8 @@ class BranchGroup:
             peer = 1 - self.rank
             self.broken = f"exchanging {what} with rank {peer} failed: {exc}"
             raise PeerLost(self.broken) from exc
+        finally:
+            self.wait_s += time.perf_counter() - t0
 
 
 def restart_row(row, reason: str):

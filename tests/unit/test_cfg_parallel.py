@@ -171,6 +171,7 @@ def test_two_ranks_match_one_process(models, tiny, overrides):
         fp_one, fp_half = ref.footprint((H, W)).parts[-1], pipes[0].footprint((H, W)).parts[-1]
         assert fp_half["kv_cache"] * 2 == fp_one["kv_cache"] and fp_half["text"] * 2 == fp_one["text"]
         assert pipes[0].branch_group.exchanges == sum(r.dit_steps for r in out[0])
+        assert pipes[0].branch_group.wait_s > 0 and pipes[1].branch_group.wait_s > 0
     finally:
         close(pipes)
 
