@@ -3,8 +3,9 @@
 Each 2-worker run of 3 steps is checked against one process training the same global batches from the same seeds:
 the losses and the weights agree to float round-off (both strategies average the gradients of the workers' rows of
 the one global batch). A DDP run's checkpoint serves (the pipeline loads it and acts); an FSDP run's checkpoint is
-the gathered full model in the HF layout with a full optimizer state keyed by parameter name. Both resume on 1
-worker, where step 4 is the step an uninterrupted single-process run takes. The loss of a fixed batch is lower after
+the gathered full model in the HF layout with a full optimizer state keyed by parameter name, and the FSDP run
+resumes on 2 workers after step 2 (the optimizer state scattered back into the shards). Both resume on 1 worker,
+where step 4 is the step an uninterrupted single-process run takes. The loss of a fixed batch is lower after
 the 2-worker run than before it. `--dtype bfloat16` runs on 2 DDP workers: bf16 compute (the loss moves off the fp32
 one by bf16 round-off), fp32 weights and optimizer state. FSDP's mixed-precision policy (bf16 gathered parameters,
 fp32 shards and gradients) is checked on a one-process group, without Ray.
@@ -151,13 +152,18 @@ def test_ddp_takes_the_single_process_steps_serves_and_resumes_on_one(dataset, r
     _resume_on_one_worker_and_step(dataset, out, reference)
 
 
-@pytest.mark.slow  # ~45 s on 2 quiet cores: Ray Train starts two workers
+@pytest.mark.slow  # ~1.5 min on 2 quiet cores: two Ray Train runs of two workers
 @pytest.mark.cluster
 def test_fsdp_takes_the_single_process_steps_writes_full_checkpoints_and_resumes_on_one(
     dataset, ray_cluster, reference, tmp_path
 ):
     out = tmp_path / "fsdp"
-    records = run_distributed(_cfg(dataset, out, strategy="fsdp"), num_workers=2, threads_per_worker=1)
+    first = run_distributed(_cfg(dataset, out, strategy="fsdp", stop_at=2, save_every=2), 2, threads_per_worker=1)
+    # resumed on 2 workers: worker 0 reads the full optimizer state and scatters it into both workers' shards, so
+    # step 3 (Adam's moments of steps 1-2 included) is the single process's step 3
+    second = run_distributed(_cfg(dataset, out, strategy="fsdp"), num_workers=2, threads_per_worker=1)
+    records = first + second
+    assert [r["step"] for r in records] == [1, 2, 3]
     assert {(r["workers"], r["strategy"]) for r in records} == {(2, "fsdp")}
     _assert_same_steps(records, reference.records)
 
