@@ -1,4 +1,6 @@
 """Session-aware request routing to Policy replicas: a live session stays on the replica that holds its state.
+Keys arrive scoped by the caller's tenant (`deployments.tenants.scoped_id`, applied by the graph runner), so two
+tenants' equal session ids are two keys, placed and held apart.
 
 Why not a hash ring: a ring moves a share of its keys whenever the replica set changes, so every scale-up restarted
 robots mid-episode and a dead replica's sessions restarted twice (on a survivor, then on its replacement). Here:

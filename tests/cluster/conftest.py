@@ -6,6 +6,7 @@ controller), so a config-only change (replica count) scales the policy without r
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 import time
@@ -127,10 +128,13 @@ def http(serve_cluster):
 
 
 API_KEY = "test-key-123"
+#: keys of two named tenants beside the legacy key (tenant `default`), for the corpus's tenant cases
+TENANT_KEYS = {"team-a": "team-a-key-456", "team-b": "team-b-key-789"}
 #: one app for the route, corpus and WebSocket tests: auth on, small limits so the limit paths are cheap to hit
 FRONT_DOOR_ARGS = {
     **BASE_ARGS,
     "api_key": API_KEY,
+    "api_keys": {t: "sha256:" + hashlib.sha256(k.encode()).hexdigest() for t, k in TENANT_KEYS.items()},
     "http": {"max_body_bytes": 8 * 1024 * 1024, "ws_max_message_bytes": 2 * 1024 * 1024, "ws_idle_timeout_s": 4.0},
     # usual raw requests are transformed in the ingress, a large one takes the Preprocess replicas: both paths run
     "preprocess": {"ingress_max_bytes": "4MiB"},

@@ -8,15 +8,18 @@ Cases marked "fuzz" are crashes found while building the fuzzer (answered 500 be
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 
 import msgpack
 import numpy as np
 import pytest
+from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from dreamzero_client.wire import codec, generations, openpi
-from tests.cluster.conftest import API_KEY, AUTH
+from tests.cluster.conftest import API_KEY, AUTH, TENANT_KEYS
 from tests.graph.helpers import (
     decode,
     droid_raw_observation,
@@ -410,3 +413,82 @@ def test_websocket_still_infers_after_the_corpus(front_door, http):
         reply = decode(ws.recv(timeout=180))
         assert reply["actions"].shape == (24, 8) and reply["session"]["step"] == 1, reply
     assert http.get(front_door + "/health").status_code == 200
+
+
+# --- Tenants (docs/serving.md, "Tenants and TLS"): a wrong key, and the key of another tenant ------------------------
+NO_KEY = "missing or wrong API key; send 'Authorization: Bearer <key>' or 'Api-Key <key>'"
+A_KEY, B_KEY = TENANT_KEYS["team-a"], TENANT_KEYS["team-b"]
+# (id, Authorization header or None): each gets exactly the 401 below, whatever the key resembles
+KEY_CORPUS = [
+    ("no-key", None),
+    ("scheme-without-key", "Bearer"),
+    ("wrong-key", "Bearer not-a-key"),
+    ("unknown-tenant-key", "Api-Key team-c-key-000"),
+    ("digest-sent-as-key", "Bearer sha256:" + hashlib.sha256(A_KEY.encode()).hexdigest()),
+    ("tenant-name-sent-as-key", "Bearer team-a"),
+    ("key-with-a-suffix", f"Bearer {A_KEY}x"),
+    ("key-prefix", f"Bearer {A_KEY[:-1]}"),
+    ("basic-scheme", f"Basic {A_KEY}"),
+    ("bare-key", A_KEY),
+]
+
+
+@pytest.mark.parametrize("name, authorization", KEY_CORPUS, ids=[c[0] for c in KEY_CORPUS])
+def test_wrong_key_gets_exactly_401(http, front_door, name, authorization):
+    headers = {"content-type": JS} | ({} if authorization is None else {"Authorization": authorization})
+    resp = http.post(front_door + GEN, content=normalised_body(["key-corpus"], flavour=codec.JSON), headers=headers)
+    assert resp.status_code == 401 and "retry-after" not in resp.headers, (name, resp.status_code)
+    assert resp.json() == {"error": {"code": "unauthorized", "message": NO_KEY}, "detail": NO_KEY}
+
+
+def _report(http, base: str, key: str, sid: str, t: int = 1, **params) -> dict:
+    body = normalised_body([sid], t=t, flavour=codec.JSON, **params)
+    resp = http.post(base + GEN, content=body, headers={"content-type": JS, "Authorization": f"Bearer {key}"})
+    assert resp.status_code == 200, resp.content[:300]
+    return resp.json()["sessions"][0]
+
+
+def test_key_of_another_tenant_reaches_only_its_own_session(http, front_door):
+    """team-b sends team-a's session id with team-a's exact continuity fields, then resets it: it gets (and resets)
+    a session of its own, told exactly what a first call is told; team-a's session goes on untouched."""
+    sid = "tenant-corpus"
+    a1 = _report(http, front_door, A_KEY, sid)
+    echo = {"expected_steps": [a1["step"]], "expected_incarnations": [a1["incarnation"]]}
+    b1 = _report(http, front_door, B_KEY, sid, **echo)
+    assert b1["incarnation"] != a1["incarnation"]
+    assert b1 == {"session_id": sid, "step": 1, "restarted": True, "restart_reason": "new_session",
+                  "frame_position": a1["frame_position"], "incarnation": b1["incarnation"]}  # fmt: skip
+    b2 = _report(http, front_door, B_KEY, sid, t=4, reset_mask=[True])
+    assert (b2["step"], b2["restart_reason"]) == (1, "reset_requested")
+    legacy = _report(http, front_door, API_KEY, sid, **echo)  # the legacy key is the tenant `default`: a third one
+    assert (legacy["step"], legacy["restart_reason"]) == (1, "new_session")
+    a2 = _report(http, front_door, A_KEY, sid, t=4, **echo)
+    assert (a2["step"], a2["restarted"], a2["incarnation"]) == (2, False, a1["incarnation"])
+
+
+def test_websocket_wrong_key_and_another_tenants_resume_token(front_door):
+    url = front_door.replace("http://", "ws://") + "/v1/realtime/robot/openpi"
+    with pytest.raises(InvalidStatus) as info:  # refused at the handshake, before any frame
+        connect(url, additional_headers={"Authorization": "Api-Key not-a-key"}, open_timeout=30)
+    assert info.value.response.status_code == 403
+
+    def infer(ws, seed: int) -> dict:
+        ws.send(mp({**openpi_droid_observation(seed, "cam"), "response_format": "dict"}))
+        return decode(ws.recv(timeout=120))["session"]
+
+    @contextlib.contextmanager
+    def open_as(key: str, query: str):
+        with connect(url + query, additional_headers={"Authorization": f"Api-Key {key}"}, open_timeout=30) as ws:
+            decode(ws.recv(timeout=60))
+            yield ws
+
+    with connect(url + "?handshake=extended", additional_headers={"Authorization": f"Api-Key {A_KEY}"},
+                 open_timeout=30) as ws:  # fmt: skip
+        token = decode(ws.recv(timeout=60))["resume_token"]
+        first = infer(ws, 0)
+    with open_as(B_KEY, f"?resume={token}") as ws:
+        other = infer(ws, 1)
+    assert other == {**first, "incarnation": other["incarnation"]}  # a first call's report, of its own session
+    with open_as(A_KEY, f"?resume={token}") as ws:
+        back = infer(ws, 2)
+    assert (back["step"], back["restarted"], back["incarnation"]) == (2, False, first["incarnation"])
