@@ -35,6 +35,17 @@ def out_of_step(exc: BaseException, exchanged: bool) -> bool:
     return exchanged or not isinstance(exc, InvalidRequest)
 
 
+def same_node(actor_options: dict[str, Any]) -> dict[str, Any]:
+    """Rank 1's actor options: on GPU the replica's placement group (Serve's, which captures the replica's actors)
+    keeps it on the node; on CPU there is none, so it is pinned to this node (the pair exchanges every step)."""
+    if actor_options.get("num_gpus") or not ray.is_initialized():
+        return dict(actor_options)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    return {**actor_options, "scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
+
+
 def node_address() -> str:
     """This node's address as the other rank reaches it (rank 1 runs on the same node: placement or CPU)."""
     try:
@@ -114,7 +125,9 @@ class CfgPeer:
         self.timeout_s = timeout_s
         host = node_address()
         self._store = tcp_store(host, 0, 0, timeout_s)  # any free port; rank 1 is told which
-        self.actor = CfgRankActor.options(**actor_options).remote(load_kwargs, host, self._store.port, timeout_s)
+        self.actor = CfgRankActor.options(**same_node(actor_options)).remote(
+            load_kwargs, host, self._store.port, timeout_s
+        )
         self.group = None
         self.pipeline = None
         self.rank1: dict = {}
