@@ -448,8 +448,3 @@ class TenantsArgs(Strict):
         if own is None:
             return self.quota
         return self.quota.model_copy(update=own.model_dump(exclude_unset=True))
-
-    @property
-    def limits_sessions(self) -> bool:
-        quotas = [self.quota, *self.per_tenant.values()]
-        return any(q.max_sessions is not None or q.max_sessions_per_replica is not None for q in quotas)

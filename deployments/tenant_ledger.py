@@ -46,6 +46,9 @@ class TenantLedger:
 
 #: how often a Policy replica that enforces a total quota refreshes its view of the other replicas
 LEDGER_PERIOD_S = 1.0
+#: the named actor lives in Serve's own namespace (where its controller and replicas are named): a replica's own
+#: namespace is that of the job that started Serve, which need not be the same for every replica of an app
+LEDGER_NAMESPACE = "serve"
 LEDGER_TIMEOUT_S = 2.0
 
 
@@ -65,7 +68,7 @@ class LedgerLink:
             import ray
 
             actor = ray.remote(num_cpus=0)(TenantLedger)
-            self._actor = actor.options(name=self.name, get_if_exists=True).remote()
+            self._actor = actor.options(name=self.name, namespace=LEDGER_NAMESPACE, get_if_exists=True).remote()
         return self._actor
 
     async def refresh(self, max_age_s: float = LEDGER_PERIOD_S) -> None:

@@ -108,6 +108,14 @@ def policy_actor() -> tuple[str, int]:
     return alive[0]["ActorID"], alive[0]["Pid"]
 
 
+def ledger_counts() -> dict[str, int]:
+    """The live sessions per tenant the application's ledger actor holds (reported by its Policy replicas)."""
+    import ray
+
+    ledger = ray.get_actor(f"dreamzero-tenant-ledger-{APP}", namespace="serve")
+    return ray.get(ledger.report.remote("test-reader", {}), timeout=30)
+
+
 # 1. Isolation on every door -------------------------------------------------------------------------------------------
 
 
@@ -245,6 +253,10 @@ def test_quotas_refuse_their_tenant_while_another_robot_steps_on(http, app):
         assert post(http, app, "farm", ["f0", "f1"]).status_code == 200
         refused = post(http, app, "farm", ["f2"])
         assert refused.status_code == 429 and "max_sessions" in decode(refused.content)["error"]["message"]
+        deadline = time.monotonic() + 15  # the replica reports to the ledger actor about once a second
+        while ledger_counts().get("farm") != 2:
+            assert time.monotonic() < deadline, ledger_counts()
+            time.sleep(0.5)
         # requests per second: a burst of 2, then one every 20 s
         codes = [post(http, app, "burst", [f"b{i}"]).status_code for i in range(3)]
         assert codes == [200, 200, 429]

@@ -335,3 +335,37 @@ def test_ledger_sums_the_other_replicas_and_forgets_silent_ones():
     assert ledger.report("r3", {}) == {"eval": 5, "robots": 1}
     clock.now = 12.0  # r1 and r2 silent for more than 10 s: gone (their replica died or was stopped)
     assert ledger.report("r3", {"eval": 1}) == {}
+
+
+def test_ledger_link_refreshes_at_most_once_a_period_and_fails_open(caplog):
+    import asyncio
+
+    from deployments.tenant_ledger import LedgerLink
+
+    clock, ledger, calls = Clock(), TenantLedger(), []
+
+    class Remote:
+        def __init__(self, fail: bool):
+            self.fail = fail
+
+        def remote(self, replica, counts):
+            calls.append(replica)
+
+            async def answer():
+                if self.fail:
+                    raise ConnectionError("ledger gone")
+                return ledger.report(replica, counts)
+
+            return answer()
+
+    ledger.report("other-replica", {"farm": 3})
+    link = LedgerLink("ledger", "me", lambda: {"farm": 1}, clock=clock)
+    link._handle = lambda: type("Actor", (), {"report": Remote(False)})()
+    asyncio.run(link.refresh())
+    asyncio.run(link.refresh())  # within the period: no second call
+    assert link.others == {"farm": 3} and calls == ["me"]
+    link._handle = lambda: type("Actor", (), {"report": Remote(True)})()
+    clock.now = 1.5
+    with caplog.at_level(logging.WARNING, "dreamzero.serve.tenants"):
+        asyncio.run(link.refresh())
+    assert link.others == {} and "counting this replica's sessions only" in caplog.text
