@@ -7,9 +7,9 @@
    time taken says nothing about which entry or how much of it matched. No key is kept or logged in clear: the
    settings carry digests only. No key configured at all: every caller is the tenant `default`.
 2. Namespaces. A session is (tenant, session id): `scoped_id` makes the one id the model and the session router see,
-   `own_id` gives the client its own id back. The tenant `default` keeps its ids as they are (a single-key server
-   is unchanged); another tenant's ids become `@<tenant>/<id>`, and a `default` id that itself starts with `@` is
-   escaped as `@@...`, so no id of one tenant can name a session of another.
+   `split_scoped` gives the tenant and its own id back. The tenant `default` keeps its ids as they are (a single-key
+   server is unchanged); another tenant's ids become `@<tenant>/<id>`, and a `default` id that itself starts with
+   `@` is escaped as `@@...`, so no id of one tenant can name a session of another.
 3. Quotas. Requests per second (a token bucket per front-door replica) and rows per request are checked by the
    graph runner before a request leaves the door; live sessions per replica and in total travel with the request
    (`SessionLimits`) and are checked by the Policy replica's session store, which alone knows whether a session is
