@@ -213,7 +213,8 @@ class Neighbour:
         }
         frame["observation/joint_position"] = self.rng.uniform(-1, 1, 7)
         frame["observation/gripper_position"] = np.array([0.0])
-        frame.update(prompt="pick up the cup", session_id="fuzz-neighbour-ws")
+        # the dict form (opt-in; the default reply is the reference servers' bare array) carries the session report
+        frame.update(prompt="pick up the cup", session_id="fuzz-neighbour-ws", response_format="dict")
         try:
             self.ws.send(openpi.pack_frame(frame))
             reply, _ = openpi.unpack_frame(self.ws.recv(timeout=CALL_TIMEOUT_S))

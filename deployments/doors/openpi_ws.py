@@ -105,8 +105,10 @@ def buffer_frames(session: WsSession, key: str, value: np.ndarray, first_call: b
     frames = np.asarray(value)
     if frames.ndim == 3:
         frames = frames[None]
-    if frames.ndim != 4:
-        raise InvalidObservation(f"'{key}' must be (H, W, 3) or (T, H, W, 3), got {list(frames.shape)}", key)
+    if frames.ndim != 4 or frames.shape[0] == 0:  # an empty stack would leave nothing to repeat below
+        raise InvalidObservation(
+            f"'{key}' must be (H, W, 3) or (T, H, W, 3) with T >= 1, got {list(frames.shape)}", key
+        )
     buf = session.buffers.get(key)
     if buf is None or (buf and buf[-1].shape != frames.shape[1:]):
         buf = session.buffers[key] = deque(maxlen=WS_STACK_FRAMES)

@@ -360,6 +360,10 @@ def test_ws_frame_buffer_first_call_one_frame_then_last_four():
     assert isinstance(s.buffers["cam"], deque) and len(s.buffers["cam"]) == 4
     with pytest.raises(errors.InvalidObservation):
         buffer_frames(s, "cam", np.zeros((6, 3), np.uint8), first_call=False)
+    fresh = WsSession("other", "ws-x:other")  # found by the live fuzz run: an empty stack was an IndexError (500)
+    for first in (True, False):
+        with pytest.raises(errors.InvalidObservation, match="T >= 1"):
+            buffer_frames(fresh, "cam", np.zeros((0, 4, 6, 3), np.uint8), first_call=first)
 
 
 def test_ws_request_carries_rtc_options_and_prefers_the_clients_continuity_echo():
