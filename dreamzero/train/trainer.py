@@ -9,6 +9,9 @@ The same code runs on CPU and GPU: `device` and `dtype` only choose where the te
 Under torch.distributed (`distributed.py`) the DiT is replicated (DDP) or sharded (FSDP2): see `sharding.py`.
 """
 
+# Longer than ~400 lines on purpose: one run's life read top to bottom (config, model placement, step, loop,
+# checkpoints); each concern with a life of its own (objective, data, sharding, LoRA, mixtures, logs) has its module.
+
 from __future__ import annotations
 
 import contextlib
