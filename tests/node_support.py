@@ -8,10 +8,15 @@ temp dir in its command line, so that is how a node's processes are found; their
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.host_support import free_port
@@ -86,3 +91,42 @@ def kill_node(temp_dir: str) -> int:
             pass
     psutil.wait_procs(victims, timeout=10)
     return len(victims)
+
+
+@contextlib.contextmanager
+def two_node_cluster(
+    env: dict,
+    head: tuple[int, dict, dict],
+    node: tuple[int, dict, dict],
+    prefixes: tuple[str, str] = ("rnh", "rnn"),
+) -> Iterator[tuple[str, str, str]]:
+    """A private head + one more node on this machine -> (GCS address, head temp dir, node temp dir); both killed
+    and their dirs removed on exit. `head` / `node`: (CPUs, custom resources, extra environment) of each; `env` is
+    what both start with (SLOW_AGENT_ENV is added). Short temp dirs with different prefixes: Ray's socket paths must
+    stay under 108 bytes, and neither dir may be a prefix of the other (kill_node finds a node by its dir)."""
+    head_dir = tempfile.mkdtemp(prefix=prefixes[0], dir="/tmp")
+    node_dir = tempfile.mkdtemp(prefix=prefixes[1], dir="/tmp")
+    env = {**env, **SLOW_AGENT_ENV, "RAY_AUTH_MODE": "disabled"}
+    port = free_port()
+    try:
+        (cpus, resources, extra) = head
+        ray_start(
+            ["--head", f"--port={port}", "--include-dashboard=false", f"--dashboard-port={free_port()}",
+             f"--ray-client-server-port={free_port()}", f"--num-cpus={cpus}", "--resources", json.dumps(resources),
+             *COMMON, *node_ports()],
+            {**env, **extra, "RAY_TMPDIR": head_dir},
+            head_dir,
+        )  # fmt: skip
+        (cpus, resources, extra) = node
+        ray_start(
+            [f"--address=127.0.0.1:{port}", f"--num-cpus={cpus}", "--resources", json.dumps(resources),
+             *COMMON, *node_ports()],
+            {**env, **extra, "RAY_TMPDIR": node_dir},
+            node_dir,
+        )  # fmt: skip
+        yield f"127.0.0.1:{port}", head_dir, node_dir
+    finally:
+        kill_node(node_dir)
+        kill_node(head_dir)
+        shutil.rmtree(node_dir, ignore_errors=True)
+        shutil.rmtree(head_dir, ignore_errors=True)

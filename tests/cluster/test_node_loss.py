@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections import Counter
@@ -35,7 +33,7 @@ from pathlib import Path
 import pytest
 
 from tests.host_support import free_port
-from tests.node_support import COMMON, SLOW_AGENT_ENV, kill_node, node_ports, ray_start
+from tests.node_support import two_node_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -71,37 +69,14 @@ PROMPT = "pick up the cup"
 def two_nodes(tmp_path_factory):
     """(GCS address, head temp dir, second node's temp dir, work dir) of a private two-node cluster."""
     work = tmp_path_factory.mktemp("node-loss")
-    # short and with different prefixes: Ray's socket paths stay under 108 bytes, neither dir is a prefix of the other
-    head_dir = tempfile.mkdtemp(prefix="rnh", dir="/tmp")
-    lost_dir = tempfile.mkdtemp(prefix="rnl", dir="/tmp")
     env = {
         **os.environ,
-        **SLOW_AGENT_ENV,
-        "RAY_AUTH_MODE": "disabled",
         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "clients")]),
         "DREAMZERO_CACHE_DIR": str(work / "cache"),
     }
-    port = free_port()
-    try:
-        ray_start(
-            ["--head", f"--port={port}", "--include-dashboard=false", f"--dashboard-port={free_port()}",
-             f"--ray-client-server-port={free_port()}", "--num-cpus=4",
-             "--resources", json.dumps({"head": 1, "policy_slot": 2}), *COMMON, *node_ports()],
-            {**env, **FAST_NODE_DEATH_ENV, "RAY_TMPDIR": head_dir},
-            head_dir,
-        )  # fmt: skip
-        ray_start(
-            [f"--address=127.0.0.1:{port}", "--num-cpus=2", "--resources", json.dumps({"policy_slot": 1}),
-             *COMMON, *node_ports()],
-            {**env, "RAY_TMPDIR": lost_dir},
-            lost_dir,
-        )  # fmt: skip
-        yield f"127.0.0.1:{port}", head_dir, lost_dir, work
-    finally:
-        kill_node(lost_dir)
-        kill_node(head_dir)
-        shutil.rmtree(lost_dir, ignore_errors=True)
-        shutil.rmtree(head_dir, ignore_errors=True)
+    head = (4, {"head": 1, "policy_slot": 2}, FAST_NODE_DEATH_ENV)
+    with two_node_cluster(env, head, (2, {"policy_slot": 1}, {}), prefixes=("rnh", "rnl")) as (address, hd, ld):
+        yield address, hd, ld, work
 
 
 def test_losing_the_node_of_a_policy_replica_restarts_only_its_sessions_flagged(two_nodes):

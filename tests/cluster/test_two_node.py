@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -29,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.host_support import free_port
-from tests.node_support import COMMON, SLOW_AGENT_ENV, kill_node, node_ports, ray_start
+from tests.node_support import two_node_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -77,39 +75,17 @@ def two_nodes(tmp_path_factory):
     audit.mkdir()
     hook_dir.mkdir()
     (hook_dir / "sitecustomize.py").write_text(AUDIT_HOOK)
-    # short, with different prefixes: Ray's socket paths stay under 108 bytes, neither dir a prefix of the other
-    head_dir = tempfile.mkdtemp(prefix="rth", dir="/tmp")
-    node_dir = tempfile.mkdtemp(prefix="rtg", dir="/tmp")
-    base_env = {
+    env = {
         **os.environ,
-        **SLOW_AGENT_ENV,
-        "RAY_AUTH_MODE": "disabled",
         "PYTHONPATH": os.pathsep.join([str(hook_dir), str(REPO), str(REPO / "clients")]),
         "DZ_AUDIT_ROOT": str(work / "ckpt"),
         "DZ_AUDIT_DIR": str(audit),
         "DREAMZERO_CACHE_DIR": str(work / "cache"),
     }
-    port = free_port()
-    try:
-        ray_start(
-            ["--head", f"--port={port}", "--include-dashboard=false", f"--dashboard-port={free_port()}",
-             f"--ray-client-server-port={free_port()}", "--num-cpus=2", "--resources", json.dumps({"head": 1}),
-             *COMMON, *node_ports()],
-            {**base_env, "DZ_AUDIT_LABEL": "head", "RAY_TMPDIR": head_dir},
-            head_dir,
-        )  # fmt: skip
-        ray_start(
-            [f"--address=127.0.0.1:{port}", "--num-cpus=2", "--resources", json.dumps({"gpu_node": 1}),
-             *COMMON, *node_ports()],
-            {**base_env, "DZ_AUDIT_LABEL": "gpu_node", "RAY_TMPDIR": node_dir},
-            node_dir,
-        )  # fmt: skip
-        yield f"127.0.0.1:{port}", checkpoint, audit
-    finally:
-        kill_node(node_dir)
-        kill_node(head_dir)
-        shutil.rmtree(node_dir, ignore_errors=True)
-        shutil.rmtree(head_dir, ignore_errors=True)
+    head = (2, {"head": 1}, {"DZ_AUDIT_LABEL": "head"})
+    node = (2, {"gpu_node": 1}, {"DZ_AUDIT_LABEL": "gpu_node"})
+    with two_node_cluster(env, head, node, prefixes=("rth", "rtg")) as (address, _, _):
+        yield address, checkpoint, audit
 
 
 def test_policy_on_the_second_node_and_the_head_never_opens_the_checkpoint(two_nodes):
