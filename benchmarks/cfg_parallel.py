@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -250,7 +251,7 @@ def table(device: str, rows: list[tuple[str, str, int, dict[str, float]]]) -> st
     return "\n".join(lines) + "\n"
 
 
-def intro(device: str, args) -> str:
+def intro(device: str, args, load: tuple[float, float]) -> str:
     runs = f"{args.warmup} warm-up and {args.repeats} timed chunks per mode"
     if device == "cpu":
         runs += f" ({args.slice_repeats} timed, no warm-up, for the 14B slice)"
@@ -263,8 +264,10 @@ def intro(device: str, args) -> str:
     return (
         "Written by `benchmarks/cfg_parallel.py --write-docs`: both presets in one run, the three modes taking turns "
         f"chunk by chunk in the same two worker processes; {runs}. Median; in brackets the speed-up over one process "
-        "with one thread. The last two columns use the same two cores. fp32, random weights, on this 2-core CPU "
-        "shared with other work: read the ratios, not the milliseconds."
+        "with one thread. The last two columns use the same two cores. fp32, random weights, on this "
+        f"{os.cpu_count()}-core CPU shared with other work: 1-minute load average {load[0]:.1f} when the run "
+        f"started, {load[1]:.1f} when it ended (its own one or two busy processes included; more than the cores "
+        "means the modes did not have them to themselves). Read the ratios, not the milliseconds."
     )
 
 
@@ -277,7 +280,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=1, help="DiT steps of the 14B slice's denoise")
     ap.add_argument("--warmup", type=int, default=1, help="untimed chunks per mode (whole-loop presets)")
     ap.add_argument("--repeats", type=int, default=5, help="timed chunks per mode (whole-loop presets)")
-    ap.add_argument("--slice-repeats", type=int, default=2, help="timed chunks per mode of the 14B slice (no warm-up: "
+    ap.add_argument("--slice-repeats", type=int, default=3, help="timed chunks per mode of the 14B slice (no warm-up: "
                     "a step takes about a minute)")  # fmt: skip
     ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the table into this file")
     ap.add_argument("--json", help="also write the medians to this JSON file")
@@ -292,20 +295,22 @@ def main(argv=None) -> int:
 
         if torch.cuda.device_count() < 2:
             ap.error(f"--device cuda needs two GPUs (one per rank); torch sees {torch.cuda.device_count()}")
-    rows = []
+    rows, load0 = [], os.getloadavg()[0]
     for p in presets:
         what, med = run_preset(p, args)
         rows.append((p, what, args.batch, med))
     text = table(args.device, rows)
     print(text, end="")
-    record = {"device": args.device, "rows": [{"preset": p, "timed": w, "median_ms": m} for p, w, _, m in rows]}
+    load = (load0, os.getloadavg()[0])
+    record = {"device": args.device, "load_avg_1min": load}
+    record["rows"] = [{"preset": p, "timed": w, "median_ms": m} for p, w, _, m in rows]
     print(json.dumps(record))
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1))
     if args.write_docs:
         from benchmarks.model_latency import write_docs
 
-        write_docs(Path(args.write_docs), text, SECTIONS[args.device], intro(args.device, args))
+        write_docs(Path(args.write_docs), text, SECTIONS[args.device], intro(args.device, args, load))
     return 0
 
 
