@@ -64,7 +64,7 @@ class Clip:
     prompt: str
 
 
-def _episode_video(dataset: LeRobotDataset, episode_index: int, feature: str) -> np.ndarray:
+def episode_video(dataset: LeRobotDataset, episode_index: int, feature: str) -> np.ndarray:
     """Frames of one episode from a v3.0 dataset (video file + time range from the episode table)."""
     import pyarrow.parquet as pq
 
@@ -104,7 +104,7 @@ def load_episodes(root: str | Path, embodiment: Embodiment, max_episodes: int | 
     out = []
     for e in dataset.episode_indices[:max_episodes]:
         cols = dataset.episode_columns(e, columns)
-        views = {key: _episode_video(dataset, e, video_features[key]) for key in embodiment.video_keys}
+        views = {key: episode_video(dataset, e, video_features[key]) for key in embodiment.video_keys}
         n = len(cols["task_index"])
         short = [k for k, v in views.items() if len(v) < n]
         if short:

@@ -141,7 +141,7 @@ def record_demos(
 def read_episodes(root: str | Path) -> list[Episode]:
     """The episodes of a dataset this recorder wrote (vectors, decoded videos, layout records), in episode order."""
     from dreamzero.lerobot_dataset import LeRobotDataset
-    from dreamzero.train.data import _episode_video
+    from dreamzero.train.data import episode_video
 
     dataset = LeRobotDataset(root)
     layouts = {r["episode_index"]: r for r in json.loads((Path(root) / "meta" / "layouts.json").read_text())}
@@ -154,7 +154,7 @@ def read_episodes(root: str | Path) -> list[Episode]:
             Episode(
                 task=tasks[int(cols["task_index"][0, 0])],
                 vectors={k: cols[k].astype(np.float32) for k in ("observation.state", "action")},
-                videos={k: _episode_video(dataset, e, k) for k in VIDEO_FEATURES.values()},
+                videos={k: episode_video(dataset, e, k) for k in VIDEO_FEATURES.values()},
                 extra=extra,
             )
         )
