@@ -53,21 +53,6 @@ START_TIMEOUT_S = 900.0  # a worker builds its model(s) within this (the 14B's r
 CHUNK_TIMEOUT_S = 900.0  # one chunk of one mode (a 14B-width CPU step takes about a minute)
 
 
-def _batch(n: int, frames: int, step: int, hw: tuple[int, int]):
-    import numpy as np
-
-    from dreamzero.types import ModelBatch
-
-    rng = np.random.default_rng(step)
-    return ModelBatch(
-        images=rng.integers(0, 256, (n, frames, *hw, 3), dtype=np.uint8),
-        state=rng.standard_normal((n, 1, 64)).astype(np.float32) * 0.5,
-        state_mask=np.ones((n, 1, 64), bool),
-        prompts=["pick up the marker and put it in the cup"] * n,
-        session_ids=[f"bench-{i}" for i in range(n)],
-    )
-
-
 class Loop:
     """The whole loop of a model preset: a session per row, continuing chunks timed (restarts run untimed).
 
@@ -94,11 +79,14 @@ class Loop:
     def chunk(self, kind: str) -> float:
         """One timed continuing chunk (running the untimed restart first where the session is new or its window
         full)."""
+        from benchmarks.model_latency import make_batch
+
         pipe = self.pipes[kind]
         while True:
             frames = 1 if self.calls[kind] % 4 == 0 else 4  # both presets' windows fill after 4 chunks
             t0 = time.perf_counter()
-            res = pipe.generate(_batch(self.batch, frames, self.calls[kind], self.hw))  # ends on the host: synced
+            batch = make_batch(self.batch, frames, self.hw, self.calls[kind])  # model_latency's, same inputs
+            res = pipe.generate(batch)  # ends on the host: synced
             took = time.perf_counter() - t0
             self.calls[kind] += 1
             if frames == 4 and not any(s.restarted for s in res.sessions):

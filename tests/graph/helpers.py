@@ -70,3 +70,26 @@ def decode(payload: bytes, flavour: str = codec.OPENPI):
     if flavour == codec.JSON:
         return codec.decode_json(payload)
     return codec.decode_msgpack(payload)[0]
+
+
+class LocalHandle:
+    """A deployment handle over a plain object, for doors run in-process: `handle.options(...).method.remote(...)`
+    -> an awaitable, awaiting the target's async methods as Serve does."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def options(self, **_):
+        return self
+
+    def __getattr__(self, name):
+        import inspect
+        from types import SimpleNamespace
+
+        method = getattr(self.target, name)
+
+        async def call(*args, **kwargs):
+            out = method(*args, **kwargs)
+            return await out if inspect.isawaitable(out) else out
+
+        return SimpleNamespace(remote=call)

@@ -23,30 +23,12 @@ from dreamzero_client.wire import codec, openpi
 from serve_graph.builder import ingress_settings
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
-from tests.graph.helpers import decode, normalised_body, openpi_droid_observation
+from tests.graph.helpers import LocalHandle, decode, normalised_body, openpi_droid_observation
 
 KEY = "front-door-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 MSGPACK = {"content-type": codec.MSGPACK_CONTENT_TYPE}
 GEN = "/v1/actions/generations"
-
-
-class FakeHandle:
-    """A deployment handle over a plain object: `handle.options(...).method.remote(...)` -> an awaitable."""
-
-    def __init__(self, target):
-        self.target = target
-
-    def options(self, **_):
-        return self
-
-    def __getattr__(self, name):
-        method = getattr(self.target, name)
-
-        async def call(*args, **kwargs):
-            return method(*args, **kwargs)
-
-        return SimpleNamespace(remote=call)
 
 
 class FakePolicy:
@@ -88,7 +70,7 @@ class FakePolicy:
 def door(monkeypatch):
     policy = FakePolicy()
     stages = (PreprocessDeployment(), policy, PostprocessDeployment())
-    handles = [FakeHandle(stage) for stage in stages]
+    handles = [LocalHandle(stage) for stage in stages]
     cfg = parse_app_args({"api_key": KEY, "http": {"max_body_bytes": 1024 * 1024}})
     ingress = IngressDeployment(*handles, ingress_settings(cfg, resolve_model(cfg)))
     counted: list[tuple[int, str]] = []

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import inspect
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,32 +24,13 @@ from dreamzero_client.wire import codec, openpi, rldx
 from serve_graph.builder import ingress_settings, zmq_door_settings
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
-from tests.graph.helpers import normalised_body, openpi_droid_observation, raw_body
+from tests.graph.helpers import LocalHandle, normalised_body, openpi_droid_observation, raw_body
 from tests.rldx_support import droid_rldx_observation
 
 ROOT = Path(__file__).resolve().parents[2]
 GEN = "/v1/actions/generations"
 #: what only the runner calls: the stages, the policy's routed call and the transport choice
 GRAPH_STEPS = {"policy_generate", "sticky_call", "RawStages", "preprocess_request", "normalised_batch", "Transport"}
-
-
-class Handle:
-    """`handle.options(...).method.remote(...)` over a plain object -> an awaitable, as Serve's handles."""
-
-    def __init__(self, target):
-        self.target = target
-
-    def options(self, **_):
-        return self
-
-    def __getattr__(self, name):
-        method = getattr(self.target, name)
-
-        async def call(*args, **kwargs):
-            out = method(*args, **kwargs)
-            return await out if inspect.isawaitable(out) else out
-
-        return SimpleNamespace(remote=call)
 
 
 class RecordingPolicy:
@@ -83,7 +63,7 @@ def doors():
     cfg = parse_app_args({"zmq": {"port": 5555, "host": "127.0.0.1"}})  # the door object only: nothing binds
     model = resolve_model(cfg)
     policy = RecordingPolicy()
-    handles = [Handle(s) for s in (PreprocessDeployment(), policy, PostprocessDeployment())]
+    handles = [LocalHandle(s) for s in (PreprocessDeployment(), policy, PostprocessDeployment())]
     ingress = IngressDeployment(*handles, ingress_settings(cfg, model))
     runner = ingress.runner
     runs: list[str] = []

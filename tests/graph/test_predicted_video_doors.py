@@ -5,7 +5,6 @@ WebSocket and the ZeroMQ door; without the option the replies are what they were
 from __future__ import annotations
 
 import asyncio
-import inspect
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,30 +20,11 @@ from dreamzero_client.wire import codec, openpi, replies, rldx
 from serve_graph.builder import ingress_settings, policy_settings, zmq_door_settings
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
-from tests.graph.helpers import decode, normalised_body, openpi_droid_observation, raw_body
+from tests.graph.helpers import LocalHandle, decode, normalised_body, openpi_droid_observation, raw_body
 from tests.rldx_support import droid_rldx_observation
 
 GEN = "/v1/actions/generations"
 MSGPACK = {"content-type": codec.MSGPACK_CONTENT_TYPE}
-
-
-class LocalHandle:
-    """`handle.options(...).method.remote(...)` over a plain object, awaiting async methods as Serve does."""
-
-    def __init__(self, target):
-        self.target = target
-
-    def options(self, **_):
-        return self
-
-    def __getattr__(self, name):
-        method = getattr(self.target, name)
-
-        async def call(*args, **kwargs):
-            out = method(*args, **kwargs)
-            return await out if inspect.isawaitable(out) else out
-
-        return SimpleNamespace(remote=call)
 
 
 @pytest.fixture(scope="module")

@@ -15,8 +15,8 @@ from deployments.preprocess import PreprocessDeployment
 from serve_graph.builder import ingress_settings
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
-from tests.graph.helpers import decode, raw_body
-from tests.graph.test_front_door import MSGPACK, FakeHandle, FakePolicy
+from tests.graph.helpers import LocalHandle, decode, raw_body
+from tests.graph.test_front_door import MSGPACK, FakePolicy
 
 
 class Stuck:
@@ -34,7 +34,7 @@ def _door(stage: str):
     stages = {"preprocess": PreprocessDeployment(), "postprocess": PostprocessDeployment()}
     args = {stage: {"placement": "replicas", "call_timeout_s": 0.3}, "http": {"request_timeout_s": 300}}
     cfg = parse_app_args(args)
-    handles = [FakeHandle(stages["preprocess"]), FakeHandle(FakePolicy()), FakeHandle(stages["postprocess"])]
+    handles = [LocalHandle(stages["preprocess"]), LocalHandle(FakePolicy()), LocalHandle(stages["postprocess"])]
     handles[0 if stage == "preprocess" else 2] = Stuck()
     return IngressDeployment(*handles, ingress_settings(cfg, resolve_model(cfg)))
 

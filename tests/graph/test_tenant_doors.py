@@ -26,8 +26,7 @@ from dreamzero_client.wire import codec, openpi, rldx
 from serve_graph.builder import ingress_settings, policy_settings, zmq_door_settings
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
-from tests.graph.helpers import decode, normalised_body, openpi_droid_observation
-from tests.graph.test_predicted_video_doors import LocalHandle
+from tests.graph.helpers import LocalHandle, decode, normalised_body, openpi_droid_observation
 from tests.rldx_support import droid_rldx_observation
 
 GEN = "/v1/actions/generations"
