@@ -171,6 +171,7 @@ class PolicyDeployment:
         self._peer = None  # policy.cfg_parallel: 2: rank 1 of this replica (deployments.cfg_rank)
         if s.replay is not None:  # recorded actions instead of a model (deployments/replay.py); no tensors to budget
             self.pipeline = load_replay(s.replay, s.embodiment, sessions.max_sessions)
+            self.pipeline.store.retry_after_s = s.retry_after_s
             self.max_batch_rows = rows_without_device(batching.max_batch_rows, sessions.max_sessions)
         else:
             load_kwargs = dict(
@@ -218,10 +219,9 @@ class PolicyDeployment:
         self._limits: dict[int, SessionLimits] = {}  # id(batch) -> its tenant's session quotas, while it is admitted
         self._ledger: LedgerLink | None = None  # started by the first request with a total session quota
         self._tenants_seen: set[str] = set()  # tenants with a live-session gauge (set to 0 when they leave)
-        store = self.pipeline.store
-        if hasattr(store, "check_group_room"):  # the model's store (a replay's has no tenant quotas or groups)
-            store.group_of = tenant_of
-            store.on_evict = lambda sid, cause: audit("evict", sid, self.replica, f"cause={cause}")
+        store = self.pipeline.store  # the model's or the replay's: both keep sessions by tenant
+        store.group_of = tenant_of
+        store.on_evict = lambda sid, cause: audit("evict", sid, self.replica, f"cause={cause}")
         log.info("policy replica %s ready in %.1f s", self.replica, time.perf_counter() - t0)
 
     # --- request path -----------------------------------------------------------------------------------------
@@ -313,8 +313,6 @@ class PolicyDeployment:
         """Model thread: QuotaExceeded when the batch's new sessions take its tenant past a session quota (the total
         counts the other replicas' sessions as the ledger last said)."""
         store = self.pipeline.store
-        if not hasattr(store, "check_group_room"):
-            return
         elsewhere = self._ledger.others.get(limits.tenant, 0) if self._ledger is not None else 0
         try:
             store.check_group_room(batch.session_ids, limits.per_replica, limits.total, elsewhere, label="tenant")
@@ -332,8 +330,7 @@ class PolicyDeployment:
         await self._ledger.refresh()
 
     def _tenant_counts(self) -> dict[str, int]:
-        store = self.pipeline.store
-        return store.group_counts() if hasattr(store, "group_counts") else {}
+        return self.pipeline.store.group_counts()
 
     def _starts_session(self, batch: ModelBatch) -> bool:
         """Does this request start (or reset) a session? Such requests wait for company (deployments.batcher)."""

@@ -18,7 +18,8 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -28,6 +29,7 @@ from dreamzero.config import PipelineConfig
 from dreamzero.embodiments import Embodiment
 from dreamzero.errors import InvalidObservation
 from dreamzero.policy import ReplayPolicy
+from dreamzero.sessions import refuse_over_quota, share_victim
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 
 
@@ -40,14 +42,19 @@ class _Cursor:
 
 
 class ReplayStore:
-    """The replay's sessions: LRU-bounded like the model's store; `in` and `stats()` as the Policy deployment uses."""
+    """The replay's sessions: LRU-bounded like the model's store, with its groups (a server's tenants: `group_of`,
+    `on_evict`, `check_group_room`, share-first eviction); `in` and `stats()` as the Policy deployment uses. A cursor
+    has no TTL and holds no tensors, so a refused tenant is told to retry after `retry_after_s`."""
 
-    def __init__(self, max_sessions: int):
+    def __init__(self, max_sessions: int, retry_after_s: float = 5.0):
         self.max_sessions = max_sessions
-        self.cursors: dict[str, _Cursor] = {}
+        self.retry_after_s = retry_after_s
+        self.cursors: dict[str, _Cursor] = {}  # least recently used first
         self.evictions = 0
         self._evicted: OrderedDict[str, None] = OrderedDict()  # ids evicted lately, to report "evicted"
         self._remember = max(1024, 16 * max_sessions)
+        self.group_of: Callable[[str], str] | None = None
+        self.on_evict: Callable[[str, str], None] | None = None
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self.cursors
@@ -56,15 +63,39 @@ class ReplayStore:
         return session_id in self._evicted
 
     def evict_beyond_limit(self, used: str) -> None:
-        """Forget the least recently used sessions beyond max_sessions (`used` was just inserted last)."""
+        """Forget least recently used sessions beyond max_sessions (`used` was just inserted last), those of a group
+        over its share first."""
         self._evicted.pop(used, None)
         while len(self.cursors) > self.max_sessions:
-            victim = next(iter(self.cursors))
+            idle = [sid for sid in self.cursors if sid != used]
+            victim = share_victim(idle, self._count_by_group(), self.max_sessions, self._group)
             del self.cursors[victim]
             self._evicted[victim] = None
             self.evictions += 1
+            if self.on_evict is not None:
+                self.on_evict(victim, "lru")
         while len(self._evicted) > self._remember:
             self._evicted.popitem(last=False)
+
+    def group_counts(self) -> dict[str, int]:
+        """Live sessions per group (the groups with none are absent)."""
+        return dict(self._count_by_group())
+
+    def check_group_room(
+        self, session_ids, limit: int | None, total_limit: int | None = None, elsewhere: int = 0, label: str = "group"
+    ) -> None:
+        """`QuotaExceeded` when the new sessions among `session_ids` take their group past a session quota (as the
+        model's store)."""
+        new = Counter(self._group(sid) for sid in session_ids if sid not in self.cursors)
+        if new:
+            refuse_over_quota(self._count_by_group(), new, limit, total_limit, elsewhere, label,
+                              lambda _group: self.retry_after_s)  # fmt: skip
+
+    def _group(self, session_id: str) -> str:
+        return "" if self.group_of is None else self.group_of(session_id)
+
+    def _count_by_group(self) -> Counter[str]:
+        return Counter(self._group(sid) for sid in self.cursors)
 
     def release(self, session_ids) -> None:
         """Admission bookkeeping of the model's store (a cursor holds no tensors: nothing to release)."""

@@ -410,12 +410,7 @@ class SessionStore:
         return used
 
     def _victim(self, idle: list[str], used: Counter[str], capacity: int) -> str:
-        """The session to evict among `idle` (least recently used first): the oldest of a group using more than its
-        share of `capacity` (capacity / groups present), so a group that outgrew its share pays before the others;
-        when every such group's sessions are busy, the oldest idle session of any group."""
-        groups = [g for g, n in used.items() if n > 0]
-        share = capacity / max(1, len(groups))
-        return next((sid for sid in idle if used[self._group(sid)] > share), idle[0])
+        return share_victim(idle, used, capacity, self._group)
 
     # -- group quotas --------------------------------------------------------------------------------------------------
 
@@ -441,25 +436,9 @@ class SessionStore:
             new = [sid for sid in session_ids if sid not in self._sessions and sid not in self._inflight]
             if not new:
                 return
-            held = self._count_by_group()
-            for group, n in Counter(self._group(sid) for sid in new).items():
-                name = f"{label} {group!r}" if group else "this store"
-                if limit is not None and held[group] + n > limit:
-                    raise QuotaExceeded(
-                        f"{name} holds {held[group]} live session(s) on this replica and asks for {n} more; its quota "
-                        f"is {limit} per replica (max_sessions_per_replica): end a session or wait for an idle one to "
-                        "expire, then retry",
-                        "max_sessions_per_replica",
-                        self._group_retry_after(group),
-                    )
-                if total_limit is not None and held[group] + elsewhere + n > total_limit:
-                    raise QuotaExceeded(
-                        f"{name} holds {held[group] + elsewhere} live session(s) in all and asks for {n} more; its "
-                        f"quota is {total_limit} (max_sessions): end a session or wait for an idle one to expire, "
-                        "then retry",
-                        "max_sessions",
-                        self._group_retry_after(group),
-                    )
+            new_groups = Counter(self._group(sid) for sid in new)
+            refuse_over_quota(self._count_by_group(), new_groups, limit, total_limit, elsewhere, label,
+                              self._group_retry_after)  # fmt: skip
 
     def _group_retry_after(self, group: str) -> float:
         """Seconds until the group's least recently used idle session expires (the store's hint without a TTL)."""
@@ -481,6 +460,46 @@ class SessionStore:
                 break
             if sid not in self._inflight:
                 self._evict(sid, "ttl")
+
+
+def share_victim(idle: list[str], used: Counter[str], capacity: float, group: Callable[[str], str]) -> str:
+    """The session to evict among `idle` (least recently used first): the oldest of a group using more than its
+    share of `capacity` (capacity / groups present), so a group that outgrew its share pays before the others;
+    when every such group's sessions are busy, the oldest idle session of any group."""
+    groups = [g for g, n in used.items() if n > 0]
+    share = capacity / max(1, len(groups))
+    return next((sid for sid in idle if used[group(sid)] > share), idle[0])
+
+
+def refuse_over_quota(
+    held: Counter[str],
+    new: Counter[str],
+    limit: int | None,
+    total_limit: int | None,
+    elsewhere: int,
+    label: str,
+    retry_after: Callable[[str], float],
+) -> None:
+    """Raise `QuotaExceeded` when a group's `new` sessions take it past `limit` live sessions here (`held`), or past
+    `total_limit` counting `elsewhere`. The message names only the group's own numbers."""
+    for group, n in new.items():
+        name = f"{label} {group!r}" if group else "this store"
+        if limit is not None and held[group] + n > limit:
+            raise QuotaExceeded(
+                f"{name} holds {held[group]} live session(s) on this replica and asks for {n} more; its quota "
+                f"is {limit} per replica (max_sessions_per_replica): end a session or wait for an idle one to "
+                "expire, then retry",
+                "max_sessions_per_replica",
+                retry_after(group),
+            )
+        if total_limit is not None and held[group] + elsewhere + n > total_limit:
+            raise QuotaExceeded(
+                f"{name} holds {held[group] + elsewhere} live session(s) in all and asks for {n} more; its "
+                f"quota is {total_limit} (max_sessions): end a session or wait for an idle one to expire, "
+                "then retry",
+                "max_sessions",
+                retry_after(group),
+            )
 
 
 def _gib(n: int) -> str:

@@ -300,6 +300,28 @@ def test_session_quota_per_replica_and_in_total():
         store.check_group_room([scoped_id("eval", "e3")], limit=3)
 
 
+def test_the_replay_policy_keeps_the_same_tenant_quotas_and_share_first_eviction():
+    from deployments.replay import ReplayStore, _Cursor
+
+    store = ReplayStore(max_sessions=4, retry_after_s=3.0)
+    evicted = []
+    store.group_of, store.on_evict = tenant_of, lambda sid, cause: evicted.append((sid, cause))
+    a = [scoped_id("eval", f"e{i}") for i in range(3)]
+    b = [scoped_id("robots", f"r{i}") for i in range(2)]
+    for sid in [b[0], *a, b[1]]:  # the robots' first session is the least recently used of all
+        store.cursors[sid] = _Cursor()
+        store.evict_beyond_limit(sid)
+    assert evicted == [(a[0], "lru")] and b[0] in store  # eval held 3 of 4 slots (share 2): it pays
+    assert store.group_counts() == {"eval": 2, "robots": 2}
+    store.check_group_room(a[1:], limit=2)  # continuing sessions ask for nothing
+    with pytest.raises(QuotaExceeded, match="tenant 'eval' holds 2 live session") as info:
+        store.check_group_room([scoped_id("eval", "e9")], limit=2, label="tenant")
+    assert info.value.quota == "max_sessions_per_replica" and info.value.retry_after_s == 3.0
+    with pytest.raises(QuotaExceeded, match="holds 5 live session") as info:
+        store.check_group_room([scoped_id("robots", "r9")], limit=None, total_limit=5, elsewhere=3)
+    assert info.value.quota == "max_sessions"
+
+
 def test_a_quota_refusal_crosses_processes_whole():
     """Raised in a Policy replica, pickled by Ray to the door: the quota and the retry hint survive."""
     import pickle
