@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+from types import SimpleNamespace
+
 import numpy as np
 
 from dreamzero_client.wire import codec, generations
@@ -83,9 +86,6 @@ class LocalHandle:
         return self
 
     def __getattr__(self, name):
-        import inspect
-        from types import SimpleNamespace
-
         method = getattr(self.target, name)
 
         async def call(*args, **kwargs):

@@ -125,7 +125,7 @@ def _resume_on_one_worker_and_step(dataset, out, reference) -> Trainer:
     return resumed
 
 
-@pytest.mark.slow  # 50 s on 2 cores at load 7 (with the single-process reference): Ray Train starts two workers
+@pytest.mark.slow  # Ray Train starts two workers (and the single-process reference runs beside them)
 @pytest.mark.cluster
 def test_ddp_takes_the_single_process_steps_serves_and_resumes_on_one(dataset, ray_cluster, reference, tmp_path):
     out = tmp_path / "ddp"
@@ -152,7 +152,7 @@ def test_ddp_takes_the_single_process_steps_serves_and_resumes_on_one(dataset, r
     _resume_on_one_worker_and_step(dataset, out, reference)
 
 
-@pytest.mark.slow  # 65 s on 2 cores at load 7: two Ray Train runs of two workers
+@pytest.mark.slow  # two Ray Train runs of two workers
 @pytest.mark.cluster
 def test_fsdp_takes_the_single_process_steps_writes_full_checkpoints_and_resumes_on_one(
     dataset, ray_cluster, reference, tmp_path
@@ -178,7 +178,7 @@ def test_fsdp_takes_the_single_process_steps_writes_full_checkpoints_and_resumes
     _resume_on_one_worker_and_step(dataset, out, reference)
 
 
-@pytest.mark.slow  # 18 s on 2 cores at load 7: Ray Train starts two workers for one step
+@pytest.mark.slow  # Ray Train starts two workers for one step
 @pytest.mark.cluster
 def test_bfloat16_ddp_on_two_workers_computes_in_bf16_and_keeps_fp32_state(dataset, ray_cluster, reference, tmp_path):
     out = tmp_path / "bf16"
