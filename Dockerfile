@@ -15,10 +15,13 @@
 #     head and workers then run the one Ray version the project is tested on;
 #   - it already runs as the unprivileged user `ray` (uid 1000, group users) with a writable home, where Ray keeps
 #     its session files and the tiny model of `model_path: null` is cached.
-# torch is not in the base: pip resolves `torch>=2.4` from PyPI, whose Linux x86_64 wheel is the CUDA build (it
-# carries its own CUDA libraries; the node's driver must be recent enough for them).
+# torch is not in the base: pip takes it from PyPI, whose Linux x86_64 wheel is the CUDA build (it carries its own
+# CUDA libraries; the node's driver must be recent enough for them), pinned by a pip constraint to the minor version
+# the GPU check runs with (TORCH_VERSION: torch 2.11, the GPU box's; scripts/gpu-requirements.txt), so an image built
+# later gets the torch the figures in docs/benchmarks.md were measured with, not whatever PyPI holds that day.
 ARG BASE_IMAGE=rayproject/ray:2.60.0-py311-gpu
 FROM ${BASE_IMAGE}
+ARG TORCH_VERSION=2.11.*
 
 USER ray
 RUN mkdir -p /home/ray/dreamzero-serve
@@ -33,7 +36,10 @@ COPY --chown=ray:users deployments/ deployments/
 COPY --chown=ray:users eval/ eval/
 
 # As scripts/install.sh installs it, without what only tests and simulators need (the dev, sim and LIBERO extras):
-# the client package and the project, editable, so the code serve run imports is this tree.
+# the client package and the project, editable, so the code serve run imports is this tree; torch held to
+# TORCH_VERSION by PIP_CONSTRAINT (pip reads it for every install in this image).
+RUN echo "torch==${TORCH_VERSION}" > /home/ray/torch-constraint.txt
+ENV PIP_CONSTRAINT=/home/ray/torch-constraint.txt
 RUN python -m pip install --no-cache-dir -e ./clients -e . \
     && python -c "import torch, ray; assert torch.version.cuda, 'CPU-only torch'; print(torch.__version__, ray.__version__)"
 

@@ -3,7 +3,9 @@ both branches as one batch in one process.
 
 On this CPU, at the same total threads: two ranks with one thread each (gloo, one branch each) vs one process with
 two threads vs one process with one thread. On CUDA (`--device cuda`, two GPUs; `scripts/gpu-check.sh` runs it where
-two are present): two GPUs with one rank each (NCCL) vs one GPU running both branches.
+two are present): two GPUs with one rank each (NCCL) vs one GPU running both branches. Each rank's process sees only
+its own GPU (`CUDA_VISIBLE_DEVICES` set per rank, `rank_visible_devices`), as Ray gives each actor of a
+`cfg_parallel: 2` replica its one GPU: NCCL then runs over the layout a served replica has, not one process seeing both.
 
 Within one run every mode runs in the same two worker processes, taking turns chunk by chunk, so a busy machine slows
 them alike and the ratios compare like with like: worker 0 runs the one-process modes alone (worker 1 idles, blocked
@@ -146,6 +148,15 @@ class SliceDenoise:
         return time.perf_counter() - t0
 
 
+def rank_visible_devices(rank: int, visible: str | None) -> str:
+    """`CUDA_VISIBLE_DEVICES` for rank `rank`'s process: the rank-th of the GPUs this process may use (`visible`: its
+    own `CUDA_VISIBLE_DEVICES`, None for all), so that each rank sees one GPU as cuda:0, as under Ray."""
+    devices = [d.strip() for d in visible.split(",") if d.strip()] if visible is not None else ["0", "1"]
+    if rank >= len(devices):
+        raise ValueError(f"CUDA_VISIBLE_DEVICES={visible!r} names {len(devices)} GPU(s); rank {rank} needs its own")
+    return devices[rank]
+
+
 def worker(rank: int, port: int, args: dict, conn) -> None:
     """One process: rank `rank` of the pair; worker 0 also runs the one-process modes."""
     from datetime import timedelta
@@ -156,7 +167,9 @@ def worker(rank: int, port: int, args: dict, conn) -> None:
     from dreamzero.pipeline.cfg_parallel import BranchGroup
 
     if args["device"] == "cuda":
-        device, dtype = torch.device("cuda", rank), torch.bfloat16  # one GPU per rank
+        if torch.cuda.device_count() != 1:  # run_preset gave this rank one GPU, as Ray gives each actor its own
+            raise SystemExit(f"rank {rank} sees {torch.cuda.device_count()} GPUs; it must see only its own")
+        device, dtype = torch.device("cuda", 0), torch.bfloat16
         torch.cuda.set_device(device)
     else:
         device, dtype = torch.device("cpu"), torch.float32
@@ -200,10 +213,19 @@ def run_preset(preset_name: str, args) -> tuple[str, dict[str, float]]:
     master = dist.TCPStore("127.0.0.1", 0, 3, True, timedelta(seconds=600), wait_for_workers=False)
     conns, procs = [], []
     spec = {"preset": preset_name, "device": args.device, "batch": args.batch, "steps": args.steps}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     for rank in (0, 1):
         here, there = ctx.Pipe()
         p = ctx.Process(target=worker, args=(rank, master.port, spec, there), daemon=True)
-        p.start()
+        if args.device == "cuda":  # a spawned child takes the environment as it is at start()
+            os.environ["CUDA_VISIBLE_DEVICES"] = rank_visible_devices(rank, visible)
+        try:
+            p.start()
+        finally:
+            if visible is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = visible
         conns.append(here)
         procs.append(p)
     try:

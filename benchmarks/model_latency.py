@@ -1,21 +1,24 @@
-"""Model latency: one steady-state DreamZero chunk, 16 DiT steps vs the upstream 8-step mask vs dynamic skipping.
+"""Model latency per chunk, comparable with the published references: 16 DiT steps vs the upstream 8-step mask vs
+dynamic skipping, eager or `pipeline.compile: dit`.
 
-Everything is measured in one run on one model, so the ratios compare like with like. A "chunk" is a continuing
-session's call (4 new frames: VAE, prefill of the observed block, denoising), timed after warm-up chunks; the
-restart chunk (anchor conditioning) is reported separately.
+A row is one mode at one batch size, measured alone (`measure_mode`: a fresh session store, dropped before the next
+row, so only one is ever live: the 14B fits an 80 GB H100): the first restart chunk and `--warmup` continuing chunks
+timed apart (in a compiled mode they hold the compile: the `compile` column is their excess over steady state), then
+the median of `--repeats` (default 5) continuing chunks at steady cache positions (the window's restarts are timed
+apart, as is a restart of fresh sessions at the end). Dynamo's counters over the row say how many graphs were built,
+how many graph breaks, and how many graphs were built in steady state (recompiles); a recompile-limit hit (one code
+object serves all 40 blocks) marks the row "fell back to eager".
 
     python benchmarks/model_latency.py                                  # tiny preset, this machine's device
     python benchmarks/model_latency.py --preset droid_14b --device cuda --dtype bfloat16   # random 14B weights
+    python benchmarks/model_latency.py --preset libero_5b --device cuda --batch 1,auto     # auto: the planner's rows
     python benchmarks/model_latency.py --model-path /ckpt/DreamZero-DROID --write-docs
-    python benchmarks/model_latency.py --preset droid_14b --device cuda --compile none,dit --write-docs --section GPU
 
-`--compile none,dit` repeats every mode with the `pipeline.compile` override (where this tree's PipelineConfig has
-that knob; otherwise the compiled modes are skipped with a note). `--section` names the docs section written.
-
-All modes share one model (a second copy of the 14B's 46 GB would not fit beside the sessions), and a compiled
-pipeline compiles that model's DiT blocks in place. So each chunk runs inside `compiled_only(model, pipe.compiled)`:
-exactly what its own mode compiled runs compiled, every other compiled part eager (its compiled callable set aside,
-not rebuilt: switching back builds no graph). Each row's `compiled` column says what ran compiled in that mode.
+`scripts/gpu-check.sh` runs eager and `--compile dit` in separate processes (a compile failure or overrun then loses
+no eager row) with `--results FILE`: every row is appended there as soon as it exists. `--compile none,dit` in one
+process also works: all modes share one model (a second 14B would not fit), a compiled pipeline compiles its DiT
+blocks in place, and each chunk runs inside `compiled_only(model, pipe.compiled)`, so each row runs exactly what its
+own mode compiled (the `compiled` column says what ran compiled). `--section` names the docs section written.
 """
 
 from __future__ import annotations
@@ -115,81 +118,204 @@ def run_chunk(pipe: DreamZeroPipeline, batch: ModelBatch):
         return pipe.generate(batch), ran_compiled
 
 
-def measure_all(model, args, hw, modes: dict[str, dict] = MODES) -> dict[str, dict]:
-    """Per mode: one restart chunk, `warmup` continuing chunks, then `repeats` timed continuing chunks.
+class DynamoWatch:
+    """What torch._dynamo did over a span of chunks: graphs built, graph breaks, and the recompile-limit warnings
+    after which Dynamo runs a code object eager for good (one code object serves every DiT block, so a limit hit is
+    a compiled row that silently fell back to eager)."""
 
-    Modes take turns chunk by chunk, so a busy machine slows them alike and the ratios stay meaningful. Sessions
-    restart when the attention window fills (every 4 chunks on DROID); restart chunks are not timed as steady state.
-    """
-    pipes = build_pipelines(model, modes, args.batch + 1)
-    device = next(iter(pipes.values())).device
-    out = {name: {"totals": [], "denoise": [], "steps": [], "peak_mb": 0.0, "compiled": set()} for name in pipes}
-    calls = dict.fromkeys(pipes, 0)
+    def __init__(self):
+        import logging
 
-    def run(name: str, frames: int):
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        res, ran_compiled = run_chunk(pipes[name], make_batch(args.batch, frames, hw, calls[name]))
-        calls[name] += 1
-        out[name]["peak_mb"] = max(out[name]["peak_mb"], peak_memory_mb(device))
-        out[name]["compiled"].add(", ".join(ran_compiled) or "none")
-        return res
+        self.limit_hits: list[str] = []
+        watch = self
 
-    # one throwaway restart + chunk first, so the first mode does not pay for lazy initialisation
-    warm = DreamZeroPipeline(
-        model, apply_overrides(model.config.pipeline, {"compile": "none"}), SessionStore(args.batch + 1)
-    )
-    run_chunk(warm, make_batch(args.batch, 1, hw, 0))
-    run_chunk(warm, make_batch(args.batch, 4, hw, 1))
-    for name in pipes:
-        out[name]["restart_ms"] = run(name, 1).timings_ms["total"]
-    for round_ in range(args.warmup + args.repeats):
-        for name in pipes:
-            res = run(name, 4)
-            while res.sessions[0].restarted:  # window full: a restart chunk, not a steady-state one
-                res = run(name, 4)
-            if round_ >= args.warmup:
-                out[name]["totals"].append(res.timings_ms["total"])
-                out[name]["denoise"].append(res.timings_ms.get("denoise", 0.0))
-                out[name]["steps"].append(res.dit_steps)
-    first = next(iter(pipes.values()))
-    session_peak = first.footprint(first.canvas_hw(hw)).peak  # the formula (docs/model.md 7.1); same in every mode
-    return {
-        name: {
-            "restart_ms": r["restart_ms"],
-            "chunk_ms": statistics.median(r["totals"]),
-            "denoise_ms": statistics.median(r["denoise"]),
-            "dit_steps": statistics.mean(r["steps"]),
-            "peak_mb": r["peak_mb"],
-            "session_mb": pipes[name].stats()["bytes"] / 2**20 / args.batch,
-            "session_peak_mb": session_peak / 2**20,
-            "compiled": " / ".join(sorted(r["compiled"])),
+        class _Hits(logging.Handler):
+            def emit(self, record):
+                message = record.getMessage()
+                if "hit config." in message or "recompile limit" in message.lower():
+                    watch.limit_hits.append(message.splitlines()[0][:200])
+
+        self._handler = _Hits(level=logging.WARNING)
+        for name in ("torch._dynamo", "torch._dynamo.convert_frame"):
+            logging.getLogger(name).addHandler(self._handler)
+
+    @staticmethod
+    def snapshot() -> dict:
+        try:
+            from torch._dynamo.utils import counters
+        except ImportError:  # a torch without Dynamo: nothing compiles
+            return {}
+        return {
+            "graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "break_reasons": sorted(counters["graph_break"], key=lambda k: -counters["graph_break"][k])[:3],
+            "frames": int(counters["frames"].get("total", 0)),
         }
-        for name, r in out.items()
+
+    def close(self) -> None:
+        import logging
+
+        for name in ("torch._dynamo", "torch._dynamo.convert_frame"):
+            logging.getLogger(name).removeHandler(self._handler)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _release(device: torch.device) -> None:
+    import gc
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def measure_mode(model, name: str, mode: dict, args, hw, batch: int) -> dict:
+    """One row: a fresh pipeline and session store (dropped before the next row: one store live at a time, so the
+    14B fits an 80 GB H100), its first restart chunk and `warmup` continuing chunks timed apart (in a compiled mode
+    they hold the compile), then `repeats` continuing chunks at steady cache positions (sessions restart when their
+    window fills; those restart chunks are timed apart) and one more restart of fresh sessions. Dynamo's counters are
+    read over the steady span: a graph built there is a recompile, a recompile-limit hit an eager fall-back."""
+    pipe = DreamZeroPipeline(model, apply_overrides(model.config.pipeline, mode), SessionStore(batch + 1))
+    device = pipe.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    watch, before = DynamoWatch(), DynamoWatch.snapshot()
+    calls, compiled = [0], set()
+
+    def chunk(frames: int, ids: list[str]):
+        b = make_batch(batch, frames, hw, calls[0])
+        b.session_ids = ids
+        calls[0] += 1
+        _sync(device)
+        t0 = time.perf_counter()
+        res, ran = run_chunk(pipe, b)
+        _sync(device)
+        compiled.add(", ".join(ran) or "none")
+        return res, (time.perf_counter() - t0) * 1000.0
+
+    ids = [f"bench-{i}" for i in range(batch)]
+    try:
+        _, first_restart = chunk(1, ids)
+        first = [chunk(4, ids)[1] for _ in range(args.warmup)]
+        warmed = DynamoWatch.snapshot()
+        totals, denoise, steps, positions, restarts = [], [], [], [], []
+        guard = 0
+        while len(totals) < args.repeats:
+            guard += 1
+            if guard > 4 * args.repeats + 8:
+                raise RuntimeError(f"{name}: no {args.repeats} continuing chunks in {guard} calls")
+            res, ms = chunk(4, ids)
+            if res.sessions[0].restarted:  # the window filled: a restart chunk, timed apart
+                restarts.append(ms)
+                continue
+            totals.append(ms)
+            denoise.append(res.timings_ms.get("denoise", 0.0))
+            steps.append(res.dit_steps)
+            positions.append(int(res.sessions[0].frame_position))
+        session_mb = pipe.stats()["bytes"] / 2**20 / batch  # at the last steady position
+        pipe.drop_sessions(ids)
+        fresh = [f"bench-r{i}" for i in range(batch)]
+        restarts.append(chunk(1, fresh)[1])
+        after = DynamoWatch.snapshot()
+        pipe.drop_sessions(fresh)
+    finally:
+        watch.close()
+        pipe.drop_sessions(list(pipe.store.ids()))
+    ran = " / ".join(sorted(compiled))
+    steady_graphs = after.get("graphs", 0) - warmed.get("graphs", 0)
+    graphs = after.get("graphs", 0) - before.get("graphs", 0)
+    fell_back = "dit.blocks" in ran and (bool(watch.limit_hits) or graphs == 0)
+    row = {
+        "mode": name,
+        "compile": mode.get("compile", "none"),
+        "compiled": ran,
+        "batch": batch,
+        "chunk_ms": statistics.median(totals),
+        "chunk_ms_min": min(totals),
+        "chunk_ms_max": max(totals),
+        "chunks": len(totals),
+        "positions": positions,
+        "denoise_ms": statistics.median(denoise),
+        "dit_steps": statistics.mean(steps),
+        "restart_ms": statistics.median(restarts),
+        "restarts": len(restarts),
+        "first_restart_ms": first_restart,
+        "first_chunks_ms": first,
+        "compile_ms": max(0.0, first_restart - statistics.median(restarts))
+        + sum(max(0.0, f - statistics.median(totals)) for f in first),
+        "graphs": graphs,
+        "recompiles_steady": steady_graphs,
+        "graph_breaks": after.get("graph_breaks", 0) - before.get("graph_breaks", 0),
+        "break_reasons": after.get("break_reasons", []),
+        "limit_hits": watch.limit_hits[:3],
+        "fell_back_to_eager": fell_back,
+        "peak_mb": peak_memory_mb(device),
+        "session_mb": session_mb,
+        "session_peak_mb": pipe.footprint(pipe.canvas_hw(hw)).peak / 2**20,
     }
+    del pipe
+    _release(device)
+    return row
+
+
+def measure_all(model, args, hw, modes: dict[str, dict] = MODES, batches=None, on_row=None) -> dict[str, dict]:
+    """Every mode at every batch size, one after the other (`measure_mode`), after one throwaway eager restart +
+    chunk so that the first mode does not pay for lazy initialisation. `on_row(row)` is called as soon as a row
+    exists (gpu-check appends it to its results file then: a stage stopped later keeps it)."""
+    batches = list(batches or [args.batch])
+    warm = DreamZeroPipeline(
+        model, apply_overrides(model.config.pipeline, {"compile": "none"}), SessionStore(max(batches) + 1)
+    )
+    run_chunk(warm, make_batch(1, 1, hw, 0))
+    run_chunk(warm, make_batch(1, 4, hw, 1))
+    del warm
+    out = {}
+    for batch in batches:
+        for name, mode in modes.items():
+            row = measure_mode(model, name, mode, args, hw, batch)
+            key = name if len(batches) == 1 else f"{name}, batch {batch}"
+            out[key] = row
+            if on_row is not None:
+                on_row({**row, "row": key})
+    return out
 
 
 def render(results: dict[str, dict], args, model, device_name: str, notes: list[str] = ()) -> str:
-    base = results["16 steps"]["chunk_ms"]
     cfg = model.config
+    base = next((r["chunk_ms"] for n, r in results.items() if n.startswith("16 steps")), None)
     lines = [
         f"{'Checkpoint' if args.model_path else 'Preset'} `{args.model_path or args.preset}` "
         f"({cfg.dit.num_layers} layers, dim {cfg.dit.dim}{'' if args.model_path else ', random weights'}), "
-        f"batch {args.batch}, device {device_name}, dtype {str(model.dtype).removeprefix('torch.')}, "
-        f"median of {args.repeats} steady-state chunks after {args.warmup} warm-up; "
+        f"device {device_name}, dtype {str(model.dtype).removeprefix('torch.')}; per row: the median of "
+        f"{args.repeats} continuing chunks at steady cache positions (after the first restart and {args.warmup} "
+        f"continuing chunk(s), timed apart as the compile column), the restart chunk apart; "
         f"run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
-        "| mode | compiled | DiT steps | chunk ms | denoise ms | chunk vs 16 steps | restart chunk ms | "
-        "peak memory MiB | session state MiB | session peak MiB (formula) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | compiled | batch | DiT steps | chunk ms | denoise ms | chunk vs 16 steps | restart chunk ms | "
+        "first chunks ms (compile) | graphs / breaks / steady recompiles | peak memory MiB | session state MiB | "
+        "session peak MiB (formula) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
+        ran = r["compiled"] + (" (fell back to eager)" if r.get("fell_back_to_eager") else "")
+        first = " + ".join(f"{v:.0f}" for v in [r["first_restart_ms"], *r["first_chunks_ms"]])
+        ratio = f"{r['chunk_ms'] / base:.2f}x" if base else "-"
         lines.append(
-            f"| {name} | {r['compiled']} | {r['dit_steps']:.1f} | {r['chunk_ms']:.1f} | {r['denoise_ms']:.1f} | "
-            f"{r['chunk_ms'] / base:.2f}x | {r['restart_ms']:.1f} | {r['peak_mb']:.0f} | {r['session_mb']:.2f} | "
+            f"| {name} | {ran} | {r['batch']} | {r['dit_steps']:.1f} | {r['chunk_ms']:.1f} | {r['denoise_ms']:.1f} | "
+            f"{ratio} | {r['restart_ms']:.1f} | {first} ({r['compile_ms']:.0f}) | {r['graphs']} / "
+            f"{r['graph_breaks']} / {r['recompiles_steady']} | {r['peak_mb']:.0f} | {r['session_mb']:.2f} | "
             f"{r['session_peak_mb']:.1f} |"
         )
     lines += [f"\n{note}" for note in notes]
+    lines += [
+        "",
+        "CUDA graphs: not offered. A chunk's KV cache grows with its cache position and the session state lives "
+        "outside any graph, so a captured graph would need static cache buffers per position and batch size (the "
+        "reference's static-shape engine); `pipeline.compile` compiles with dynamic shapes instead.",
+    ]
     if not args.model_path:
         lines += [
             "",
@@ -211,25 +337,64 @@ def write_docs(path: Path, table: str, heading: str = DOC_SECTION, intro: str = 
     path.write_text(text)
 
 
+def batch_sizes(spec: str, model, device: torch.device) -> tuple[list[int], list[str]]:
+    """`--batch` ("1", "1,4", "1,auto") -> the batch sizes and notes; `auto` is the largest batch the memory planner
+    allows on this device (benchmarks/gpu_sizing.py), dropped with a note where no device memory bounds it."""
+    sizes, notes = [], []
+    for word in (w.strip() for w in spec.split(",") if w.strip()):
+        if word != "auto":
+            if not word.isdigit() or int(word) < 1:
+                raise SystemExit(f"--batch: {word!r} is neither a positive number nor auto")
+            sizes.append(int(word))
+            continue
+        from benchmarks.gpu_sizing import device_memory_bytes, largest_rows
+
+        capacity = device_memory_bytes(device)
+        if capacity is None:
+            notes.append("--batch auto skipped: no device memory here (no CUDA, no DREAMZERO_SIMULATED_GPU)")
+            continue
+        rows, why = largest_rows(model.config, capacity, model.dtype)
+        notes.append(f"batch auto = {rows}: {why}")
+        if rows >= 1:
+            sizes.append(rows)
+    return list(dict.fromkeys(sizes)), notes
+
+
+def append_result(path: str | None, line: dict) -> None:
+    """One JSON line appended to gpu-check's results file (`--results`), flushed at once."""
+    if not path:
+        return
+    with open(path, "a", encoding="utf-8") as out:
+        out.write(json.dumps({"stage": os.environ.get("GPU_CHECK_STAGE", "model_latency"), **line}) + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="tiny", choices=sorted(CANVAS))
     ap.add_argument("--model-path", help="checkpoint directory (default: the preset with random weights)")
     ap.add_argument("--device")
     ap.add_argument("--dtype")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch", default="1", help="comma-separated batch sizes; auto: the largest the planner allows")
+    ap.add_argument("--warmup", type=int, default=1, help="continuing chunks timed apart after the first restart")
+    ap.add_argument("--repeats", type=int, default=5, help="continuing chunks per row (their median is reported)")
+    ap.add_argument("--modes", help="comma-separated step modes to run (default: all)")
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--canvas", help="HxW of the canvas sent (default per preset)")
     ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the table into this file")
     ap.add_argument("--compile", default="none", help="comma-separated pipeline.compile values, e.g. none,dit")
     ap.add_argument("--section", help="docs section title to write (default: Model latency)")
-    ap.add_argument("--json", help="also write the rows and the table to this JSON file (gpu-check reads it)")
+    ap.add_argument("--json", help="also write the rows and the table to this JSON file")
+    ap.add_argument("--results", help="append each row to this JSON-lines file as soon as it is measured")
     args = ap.parse_args(argv)
     modes, notes = build_modes([v.strip() for v in args.compile.split(",") if v.strip()])
-    if "16 steps" not in modes:
-        ap.error("--compile must include none (the 16-step baseline every ratio refers to)")
+    if args.modes:
+        wanted = {m.strip() for m in args.modes.split(",")}
+        unknown = wanted - set(MODES)
+        if unknown:
+            ap.error(f"--modes: unknown {sorted(unknown)}; use {sorted(MODES)}")
+        modes = {n: m for n, m in modes.items() if n.split(", compile")[0] in wanted}
+    if not modes:
+        ap.error("no mode left to run")
 
     model = build_model(args)
     hw = tuple(int(v) for v in args.canvas.split("x")) if args.canvas else CANVAS.get(args.preset, (32, 64))
@@ -240,11 +405,24 @@ def main(argv=None) -> int:
         device_name = torch.cuda.get_device_name(device)
     else:
         device_name = f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
-    results = measure_all(model, args, hw, modes)
+    sizes, size_notes = batch_sizes(args.batch, model, device)
+    notes = [*notes, *size_notes]
+    for note in size_notes:
+        append_result(args.results, {"note": note, "preset": args.model_path or args.preset})
+    if not sizes:
+        print("\n".join(notes))
+        return 0
+    args.batch = sizes[0]
+    preset_name = args.model_path or args.preset
+
+    def on_row(row: dict) -> None:
+        append_result(args.results, {**row, "preset": preset_name, "device": device_name})
+
+    results = measure_all(model, args, hw, modes, sizes, on_row)
     table = render(results, args, model, device_name, notes)
     print(table)
     if args.json:
-        record = {"preset": args.model_path or args.preset, "device": device_name, "rows": results, "table": table}
+        record = {"preset": preset_name, "device": device_name, "rows": results, "table": table}
         Path(args.json).write_text(json.dumps(record, indent=1))
     if args.write_docs:
         path = Path(args.write_docs)

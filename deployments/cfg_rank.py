@@ -69,7 +69,8 @@ class CfgRank:
         log.info("CFG rank 1 loaded in %.1f s (pid %d)", time.perf_counter() - t0, os.getpid())
 
     def join(self, max_sessions: int) -> bool:
-        """Build the process group (blocks until rank 0 builds its half, bounded by the timeout)."""
+        """Build the process group and make its warm exchange with rank 0 (blocks until rank 0 builds its half,
+        bounded by the timeout; PeerLost fails this call, and with it rank 0's `CfgPeer.join`)."""
         from dreamzero.pipeline.cfg_parallel import BranchGroup
         from dreamzero.sessions import SessionStore
 
@@ -136,7 +137,9 @@ class CfgPeer:
         self.problem: str | None = None
 
     def join(self, pipeline, max_sessions: int, load_timeout_s: float = LOAD_TIMEOUT_S) -> None:
-        """Wait for rank 1's model (bounded), then build the process group on both ranks and attach it."""
+        """Wait for rank 1's model (bounded), then build the process group on both ranks and attach it. Building it
+        makes the pair's one warm exchange (`BranchGroup.warm_up`: NCCL's communicator is created here), so an init
+        failure raises from this call and fails the replica's start, never a robot's request."""
         from dreamzero.pipeline.cfg_parallel import BranchGroup
 
         try:

@@ -28,8 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from ray import serve
 
+from deployments.audit import configure_audit_log, one_line_refusals
 from deployments.batch_merge import merge_batches, plan_groups, split_result
 from deployments.batcher import ContinuousBatcher
 from deployments.metrics import serving_metrics
@@ -37,8 +39,17 @@ from deployments.routing import STATS_KEYS, STATS_SESSIONS, HeldKeys
 from deployments.sections import ReplayArgs
 from deployments.settings import EmbodimentSource, PolicySettings
 from deployments.tenant_ledger import LedgerLink
-from deployments.tenants import SessionLimits, audit, audit_reports, tenant_of
-from dreamzero.errors import CapacityError, ConfigError, InvalidRequest, NotReady, PayloadTooLarge, QuotaExceeded
+from deployments.tenants import SessionLimits, audit, audit_refusal, audit_reports, tenant_of
+from dreamzero.embodiments.base import MAX_NORMALISED_STATE
+from dreamzero.errors import (
+    CapacityError,
+    ConfigError,
+    InvalidObservation,
+    InvalidRequest,
+    NotReady,
+    PayloadTooLarge,
+    QuotaExceeded,
+)
 from dreamzero.types import ChunkResult, ModelBatch
 
 log = logging.getLogger("dreamzero.serve.policy")
@@ -107,6 +118,25 @@ def load_replay(replay: ReplayArgs, embodiment: EmbodimentSource, max_sessions: 
     )
 
 
+def replica_plan(s: PolicySettings):
+    """The memory plan of this replica's device (dreamzero.planner): None on a plain CPU; ConfigError when the model
+    does not fit, naming what would."""
+    from dreamzero.planner import plan_for_replica
+
+    return plan_for_replica(
+        s.model_path, s.checkpoint_layout, s.checkpoint_config, s.pipeline, s.device, s.dtype, s.cfg_parallel,
+        s.sessions.max_sessions, s.batching.max_batch_rows, s.sessions.max_bytes, s.placement,
+    )  # fmt: skip
+
+
+def fixed_placement(fields: dict[str, str]):
+    """`policy.placement` on a device without memory to plan (the CPU): the fields set, the rest as default."""
+    from dreamzero.placement import Placement
+    from dreamzero.planner import explicit_placement
+
+    return Placement(**explicit_placement(fields))
+
+
 def start_cfg_rank(load_kwargs: dict, settings: PolicySettings):
     """Start this replica's CFG rank 1 (`policy.cfg_parallel: 2`; imported lazily: Ray-actor code)."""
     from deployments.cfg_rank import CfgPeer
@@ -137,6 +167,31 @@ def video_recorder(settings: PolicySettings):
     from dreamzero.video_recorder import VideoRecorder
 
     return VideoRecorder(v.save_dir, v.every_n_chunks, v.max_bytes, v.with_input, v.fps, v.idle_s)
+
+
+def _check_state_range(batch: ModelBatch) -> None:
+    """InvalidObservation naming the state when a row's normalised state is not finite or beyond
+    `MAX_NORMALISED_STATE` (the model would answer NaN: a finite 1e30 overflows its first layer)."""
+    state = np.asarray(batch.state, dtype=np.float64)
+    if not np.isfinite(state).all() or (state.size and np.abs(state).max() > MAX_NORMALISED_STATE):
+        raise InvalidObservation(
+            f"the normalised state holds values that are not finite or beyond +-{MAX_NORMALISED_STATE:g} (training "
+            "data lies within about +-1): check the state's units",
+            field="input.observation.state",
+        )
+
+
+def _non_finite_actions(result: ChunkResult) -> InvalidObservation | None:
+    """The error for a request whose actions hold NaN or inf (nothing of it is sent), else None."""
+    actions = np.asarray(result.actions)
+    if np.isfinite(actions).all():
+        return None
+    rows = sorted({int(r) for r in np.argwhere(~np.isfinite(actions))[:, 0]})
+    return InvalidObservation(
+        f"the model's actions for row(s) {rows[:8]} are NaN or infinite and were not sent; an input far outside the "
+        "training range (state, images) causes this: check the observation",
+        field="actions",
+    )
 
 
 def _replica_name() -> str | None:
@@ -174,6 +229,7 @@ class PolicyDeployment:
             self.pipeline.store.retry_after_s = s.retry_after_s
             self.max_batch_rows = rows_without_device(batching.max_batch_rows, sessions.max_sessions)
         else:
+            plan = replica_plan(s)  # placement and precision, before any weight is read; None on a plain CPU
             load_kwargs = dict(
                 model_path=s.model_path,
                 layout=s.checkpoint_layout,
@@ -182,6 +238,7 @@ class PolicyDeployment:
                 device=s.device,
                 dtype=s.dtype,
                 overrides=dict(s.pipeline) or None,
+                placement=plan.placement if plan is not None else fixed_placement(s.placement),
             )
             if s.cfg_parallel == 2:
                 self._peer = start_cfg_rank(load_kwargs, s)  # rank 1 loads meanwhile; joined after the sizing
@@ -191,11 +248,17 @@ class PolicyDeployment:
             # sized as one device holding both branches (a warm-up of the whole loop): rows as chosen there, and
             # sessions then hold one branch's bytes per rank (a cfg_parallel: 2 replica fits more of them)
             self._size_memory(batching.max_batch_rows, sessions.max_bytes, s.retry_after_s)
+            if plan is not None:
+                self.memory = {**(self.memory or {}), "plan": plan.as_dict()}
+                log.info("policy replica plan: %s", plan.summary())
             if self._peer is not None:
                 self._peer.join(self.pipeline, sessions.max_sessions + 2 * self.max_batch_rows)
                 self.memory = {**(self.memory or {}), "topology": self._peer.topology(static=True)}
         replica = _replica_name()
         self.replica = replica or f"local-{uuid.uuid4().hex[:8]}"
+        if replica is not None:  # in a Serve replica: the audit log is written, refusals log one line each
+            configure_audit_log()
+            one_line_refusals()
         self.return_latents = s.return_latents
         self.recorder = video_recorder(s) if s.replay is None else None  # `video.save_dir`; None: off
         self.metrics = serving_metrics()
@@ -283,7 +346,10 @@ class PolicyDeployment:
                     result = self._run_model(merged) if self.recorder is None else self._run_recorded(merged)
                     result.timings_ms = {**result.timings_ms, "model_call": (time.perf_counter() - t0) * 1000.0}
                     for i, out in zip(members, split_result(result, [len(b) for b in group])):
-                        outcomes[i] = _Outcome(PolicyOutput(out, self.replica, len(group)))
+                        bad = _non_finite_actions(out)  # a NaN action never reaches a robot
+                        outcomes[i] = _Outcome(
+                            PolicyOutput(out, self.replica, len(group)) if bad is None else None, bad
+                        )
                     calls.append((len(merged), result.sessions))
                 except Exception as exc:  # noqa: BLE001 - handed back to exactly the requests of this group
                     for i in members:
@@ -298,15 +364,16 @@ class PolicyDeployment:
         refused: dict[int, BaseException] = {}
         for i, batch in enumerate(batches):
             try:
+                _check_state_range(batch)
                 limits = self._limits.get(id(batch))
                 if limits is not None:
                     self._check_session_quota(batch, limits)
                 self.pipeline.admit(batch, busy)
-            except CapacityError as exc:
-                self.metrics.admissions_refused.inc()
+            except Exception as exc:  # noqa: BLE001 - capacity, quota or bad input fails its own request only
+                if isinstance(exc, CapacityError):
+                    self.metrics.admissions_refused.inc()
                 refused[i] = exc
-            except Exception as exc:  # noqa: BLE001 - bad input fails its own request only
-                refused[i] = exc
+                audit_refusal(tenant_of(batch.session_ids[0]), "policy", exc, len(batch))
         return refused
 
     def _check_session_quota(self, batch: ModelBatch, limits: SessionLimits) -> None:

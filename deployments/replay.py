@@ -27,9 +27,9 @@ import numpy as np
 
 from dreamzero.config import PipelineConfig
 from dreamzero.embodiments import Embodiment
-from dreamzero.errors import InvalidObservation
+from dreamzero.errors import CapacityError, InvalidObservation
 from dreamzero.policy import ReplayPolicy
-from dreamzero.sessions import refuse_over_quota, share_victim
+from dreamzero.sessions import fair_victim, plan_evictions, refuse_over_quota
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 
 
@@ -62,13 +62,19 @@ class ReplayStore:
     def was_evicted(self, session_id: str) -> bool:
         return session_id in self._evicted
 
-    def evict_beyond_limit(self, used: str) -> None:
-        """Forget least recently used sessions beyond max_sessions (`used` was just inserted last), those of a group
-        over its share first."""
+    def evict_beyond_limit(self, used: str, protect=()) -> None:
+        """Forget least recently used sessions beyond max_sessions (`used` was just inserted last) by the model's
+        store's fair rule (`fair_victim`: never another tenant's session unless it is over its share and `used`'s
+        tenant within its own); `protect` (the batch being answered) goes only as the last of `used`'s own."""
         self._evicted.pop(used, None)
+        asking = {self._group(used)}
         while len(self.cursors) > self.max_sessions:
-            idle = [sid for sid in self.cursors if sid != used]
-            victim = share_victim(idle, self._count_by_group(), self.max_sessions, self._group)
+            idle = [sid for sid in self.cursors if sid != used and sid not in protect]
+            victim = fair_victim(idle, self._count_by_group(), self.max_sessions, asking, self._group)
+            if victim is None:
+                victim = next((s for s in self.cursors if s != used and self._group(s) in asking), None)
+            if victim is None:  # over the count rather than evict another tenant's session
+                break
             del self.cursors[victim]
             self._evicted[victim] = None
             self.evictions += 1
@@ -76,6 +82,29 @@ class ReplayStore:
                 self.on_evict(victim, "lru")
         while len(self._evicted) > self._remember:
             self._evicted.popitem(last=False)
+
+    def check_room(self, session_ids, busy=()) -> None:
+        """`CapacityError` when the new sessions among `session_ids` cannot get a slot by the fair rule (nor from
+        their own tenant's other sessions); evicts nothing (answering does)."""
+        new = [sid for sid in dict.fromkeys(session_ids) if sid not in self.cursors]
+        excess = len(self.cursors) + len(new) - self.max_sessions
+        if not new or excess <= 0:
+            return
+        keep = set(busy) | set(session_ids)
+        idle = [sid for sid in self.cursors if sid not in keep]
+        asking = Counter(self._group(sid) for sid in new)
+        victims, short = plan_evictions(
+            idle, self._count_by_group() + asking, self.max_sessions, excess, set(asking), lambda _: 1, self._group
+        )
+        own = [s for s in self.cursors if self._group(s) in asking and s not in session_ids and s not in victims]
+        if short > len(own):
+            raise CapacityError(
+                f"session slots full: {len(new)} new session(s) need {excess} of sessions.max_sessions="
+                f"{self.max_sessions} slots freed and only {excess - int(short) + len(own)} may be (this tenant's "
+                "own idle sessions, or those of a tenant over its share; other tenants' sessions are never "
+                "evicted); retry later, end sessions, or raise sessions.max_sessions / add replicas",
+                retry_after_s=self.retry_after_s,
+            )
 
     def group_counts(self) -> dict[str, int]:
         """Live sessions per group (the groups with none are absent)."""
@@ -156,7 +185,9 @@ class ReplayPipeline:
         return ChunkResult(actions, reports, timings_ms={"total": (time.perf_counter() - t0) * 1e3})
 
     def admit(self, batch: ModelBatch, busy=()) -> None:
-        """The model pipeline's admission step: recorded actions hold no tensors, so every session fits."""
+        """The model pipeline's admission step: recorded actions hold no tensors, so only the count can refuse."""
+        with self._lock:
+            self.store.check_room(batch.session_ids, busy)
 
     def reset_sessions(self, session_ids) -> None:
         with self._lock:
@@ -189,7 +220,7 @@ class ReplayPipeline:
         if reason is not None:
             cursor = _Cursor()
         cursors[sid] = cursor
-        self.store.evict_beyond_limit(sid)
+        self.store.evict_beyond_limit(sid, batch.session_ids)
         return cursor, reason
 
     def _encode(self, batch: ModelBatch, i: int, rows: np.ndarray) -> np.ndarray:

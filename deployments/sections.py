@@ -192,6 +192,25 @@ class PolicyArgs(Strict):
     cfg_timeout_s: float = Field(
         120.0, gt=0, description="Bound of every exchange between the two ranks of a cfg_parallel: 2 replica."
     )
+    placement: dict[str, str] = Field(
+        default_factory=dict,
+        description="Where components live and the DiT's weight precision, each `auto` (the memory planner's choice, "
+        "the default) or set: text_encoder gpu | cpu | offload, image_encoder gpu | cpu, dit_weights model | fp8 "
+        "(docs/model.md, 'Fitting a card'; `dreamzero-plan` prints the plan).",
+    )
+
+    @field_validator("placement")
+    @classmethod
+    def _known_placement(cls, v: dict[str, str]) -> dict[str, str]:
+        if not v:
+            return v
+        from dreamzero.planner import explicit_placement  # torch: only when a placement is set
+
+        try:
+            explicit_placement(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("policy.placement")) from None
+        return v
 
     @model_validator(mode="after")
     def _cfg_parallel_needs_a_model(self) -> PolicyArgs:
@@ -261,11 +280,39 @@ class HttpArgs(Strict):
 
     max_body_bytes: int = Field(64 * MIB, ge=1024, description="Largest request body; larger ones get 413.")
     ws_max_message_bytes: int = Field(64 * MIB, ge=1024, description="Largest inbound WebSocket message.")
-    ws_idle_timeout_s: float = Field(30.0, gt=0, description="A WebSocket silent this long is closed (code 1000).")
+    ws_idle_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A WebSocket that sent no valid message this long is closed (code 1000); frames answered with an "
+        "error frame do not count.",
+    )
     request_timeout_s: float = Field(
         300.0, gt=0, description="Bound on one request's trip through the graph; past it the client gets 503."
     )
     retry_after_s: float = Field(1.0, gt=0, description="`Retry-After` sent with 503 when no better hint exists.")
+    # Connection caps (docs/serving.md, "Connections and request slots"): every open WebSocket and every body still
+    # arriving holds one of the Ingress replica's `max_ongoing_requests` slots, so the door caps them per caller and
+    # in all, below the slots, and the rest stay free for other tenants' calls and /health, /healthz.
+    ws_max_per_tenant: int = Field(
+        8, ge=1, description="Open WebSockets per tenant (per client address when no key is configured), per replica."
+    )
+    ws_max_total: int | None = Field(
+        None,
+        ge=1,
+        description="Open WebSockets in all, per Ingress replica; below ingress.max_ongoing_requests so that HTTP "
+        "calls and health checks always find a slot. null: half of ingress.max_ongoing_requests.",
+    )
+    body_reads_per_tenant: int = Field(
+        8, ge=1, description="HTTP request bodies one tenant (or client address) may be sending at once, per replica."
+    )
+    body_timeout_s: float = Field(60.0, gt=0, description="A request body must have arrived within this (408 past it).")
+    body_min_bytes_per_s: int = Field(
+        65536,
+        ge=0,
+        description="Past the first body_grace_s, a body arriving slower than this on average is refused (408); 0: "
+        "no minimum rate.",
+    )
+    body_grace_s: float = Field(5.0, ge=0, description="How long a body may take before body_min_bytes_per_s applies.")
 
 
 class ZmqCurveArgs(Strict):

@@ -99,6 +99,7 @@ class PolicySettings(Strict):
     replay: ReplayArgs | None = Field(None, description="Recorded actions instead of a model.")
     cfg_parallel: Literal[1, 2] = Field(1, description="Ranks per replica, one CFG branch each (2: one co-located).")
     cfg_timeout_s: float = Field(120.0, gt=0, description="Bound of every exchange between the two ranks.")
+    placement: dict[str, str] = Field(default_factory=dict, description="`policy.placement`: the fields set.")
     cfg_rank_options: dict[str, Any] = Field(
         default_factory=dict, description="Ray actor options of rank 1 (num_cpus, num_gpus), as the replica's."
     )

@@ -14,8 +14,9 @@
    graph runner before a request leaves the door; live sessions per replica and in total travel with the request
    (`SessionLimits`) and are checked by the Policy replica's session store, which alone knows whether a session is
    new; the total across replicas comes from `deployments.tenant_ledger` (docs/serving.md, "Tenants and TLS").
-4. Audit. One line per session start, reset, eviction and end on the `dreamzero.audit` logger, naming the tenant;
-   never a key, never a payload.
+4. Audit. One line per session start, reset, eviction, end and refusal on the `dreamzero.audit` logger, naming the
+   tenant and the reason; never a key, never a payload; a session id escaped so it cannot forge a line
+   (deployments.audit, which also says where the log goes).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
+from deployments.audit import audit_log, field
 from deployments.sections import TENANT_NAME, TENANT_NAME_RULE, Strict, TenantQuota, TenantsArgs
 from dreamzero.errors import ConfigError, QuotaExceeded
 
 log = logging.getLogger("dreamzero.serve.tenants")
-audit_log = logging.getLogger("dreamzero.audit")
 
 DEFAULT_TENANT = "default"
 DIGEST_PREFIX = "sha256:"
@@ -150,6 +151,11 @@ class TenantKeys:
         self._static = dict(self._args if table is None else table)
         self.required = self.required or bool(self._static)
         self._table = self._merge()
+
+    def tenants(self) -> frozenset[str]:
+        """The tenants that have a key now (empty when no key is configured)."""
+        self._maybe_reload()
+        return self._table.tenants
 
     def identify(self, key: str | None) -> str | None:
         """The tenant `key` belongs to; None for a missing or unknown key (`default` when no key is configured)."""
@@ -327,10 +333,21 @@ RESET_REASONS = ("reset_requested",)
 
 
 def audit(event: str, model_id: str, replica: str, detail: str | None = None) -> None:
-    """One audit line: `session <event> tenant=<t> session=<own id> replica=<r> [reason|cause=...]`."""
+    """One audit line: `session <event> tenant=<t> session=<own id> replica=<r> [reason|cause=...]`; the id and the
+    tenant written by `deployments.audit.field` (escaped unless plain)."""
     tenant, own = split_scoped(model_id)
     extra = f" {detail}" if detail else ""
-    audit_log.info("session %s tenant=%s session=%s replica=%s%s", event, tenant, own, replica, extra)
+    audit_log.info("session %s tenant=%s session=%s replica=%s%s", event, field(tenant), field(own), replica, extra)
+
+
+def audit_refusal(tenant: str, where: str, exc: BaseException, rows: int | None = None) -> None:
+    """One audit line for a refused request: `refuse tenant=<t> at=<where> reason=<code>[:<quota>] [rows=<n>]`
+    (the error's code and quota name, never its message, which may echo the request)."""
+    code = getattr(exc, "code", None) or type(exc).__name__
+    quota = getattr(exc, "quota", None)
+    reason = f"{code}:{quota}" if quota else code
+    n = "" if rows is None else f" rows={rows}"
+    audit_log.info("refuse tenant=%s at=%s reason=%s%s", field(tenant), field(where), field(reason), n)
 
 
 def audit_reports(reports: Iterable[Any], replica: str) -> None:

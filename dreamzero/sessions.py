@@ -10,10 +10,12 @@ hold when its window is fullest, `SessionFootprint`, computed from the configs a
 grows past what was admitted. A request whose new sessions do not fit the byte budget, even after evicting idle
 sessions, gets `CapacityError` (503 + Retry-After) and nothing else is touched (docs/model.md, "Memory and admission").
 
-Groups (a server's tenants): a store given `group_of` (session id -> group name) evicts, when it must make room by
-count or by bytes, the idle sessions of a group holding more than its share (capacity / groups present) first, and
-`check_group_room` refuses a request whose new sessions would take its group past a session quota. Without
-`group_of` every session is in one group and eviction is plain LRU.
+Groups (a server's tenants): a store given `group_of` (session id -> group name) makes room, by count or by bytes,
+fairly (`fair_victim`): a group's new rows may evict only that group's own idle sessions, or, while the group stays
+within its share (capacity / groups present) with them, the idle sessions of a group over its share; never another
+group's session otherwise. When neither exists the request is refused (`CapacityError`, 503 naming the budget) and
+nothing is touched. `check_group_room` refuses a request whose new sessions would take its group past a session
+quota. Without `group_of` every session is in one group and eviction is plain LRU.
 """
 
 # Longer than ~400 lines on purpose: a session's state, its footprint formula and the store that admits, evicts and
@@ -279,19 +281,23 @@ class SessionStore:
             sid = state.session_id
             self._reserved[sid] = max(self._reserved.get(sid, 0), state.nbytes())
             keep = set(protect) | {state.session_id} | self._inflight
+            asking = {self._group(sid)}
             while len(self._sessions) > self.max_sessions:
-                idle = [sid for sid in self._sessions if sid not in keep]
-                if idle:
-                    victim = self._victim(idle, self._count_by_group(), self.max_sessions)
-                else:
-                    victim = next(sid for sid in self._sessions if sid != state.session_id)
+                idle = [s for s in self._sessions if s not in keep]
+                victim = fair_victim(idle, self._count_by_group(), self.max_sessions, asking, self._group)
+                if victim is None:  # the group's own sessions only (all protected: the oldest of them goes anyway)
+                    victim = next((s for s in self._sessions if s != sid and self._group(s) in asking), None)
+                if victim is None:  # never another group's session: over the count until one of its own is idle
+                    break
                 self._evict(victim)
             if self.max_bytes is not None:
                 # only idle sessions go for bytes: the batch in flight needs its state, whatever its size (a store
                 # used through `admit` is already within budget; this covers sessions stored without admission)
-                idle = [sid for sid in self._sessions if sid not in keep]
+                idle = [s for s in self._sessions if s not in keep]
                 while idle and self.reserved_bytes() > self.max_bytes:
-                    victim = self._victim(idle, self._bytes_by_group(), self.max_bytes)
+                    victim = fair_victim(idle, self._bytes_by_group(), self.max_bytes, asking, self._group)
+                    if victim is None:
+                        break
                     idle.remove(victim)
                     self._evict(victim, "bytes")
 
@@ -311,38 +317,64 @@ class SessionStore:
     def admit(self, needs: dict[str, int], busy: Iterable[str] = ()) -> None:
         """Reserve `needs[sid]` bytes (the session's peak footprint) for every session of one request, all or nothing.
 
-        Sessions already holding that much reserve nothing more. When the budget is short, idle sessions (least
-        recently used first; not in this request, not admitted and unreleased, not in `busy`, e.g. queued requests)
-        are evicted until it fits; if it cannot fit even then, nothing is touched and `CapacityError` says why.
-        Every admitted id stays protected until `release`.
+        Sessions already holding that much reserve nothing more. When the budget (or the count, `max_sessions`) is
+        short, idle sessions (least recently used first; not in this request, not admitted and unreleased, not in
+        `busy`, e.g. queued requests) make room by the fair rule (`fair_victim`: the request's own group's, or those
+        of a group over its share while the request's group stays within its own); if that cannot make room,
+        nothing is touched and `CapacityError` says why. Every admitted id stays protected until `release`.
         """
         with self._lock:
             self._expire()
+            keep = set(busy) | self._inflight | set(needs)
+            idle = [sid for sid in self._sessions if sid not in keep]  # least recently used first
+            self._check_count_room(needs, idle)
             extra = sum(max(0, int(n) - self._reserved.get(sid, 0)) for sid, n in needs.items())
             if self.max_bytes is not None and extra > 0:
                 total = self.reserved_bytes()
                 if total + extra > self.max_bytes:
-                    keep = set(busy) | self._inflight | set(needs)
-                    idle = [sid for sid in self._sessions if sid not in keep]  # least recently used first
-                    freeable = sum(self._reserved.get(sid, 0) for sid in idle)
-                    if total + extra - freeable > self.max_bytes:
+                    asking = {sid: max(0, int(n) - self._reserved.get(sid, 0)) for sid, n in needs.items()}
+                    held = [sid for sid in idle if self._reserved.get(sid, 0) > 0]
+                    victims, short = plan_evictions(
+                        held, self._bytes_by_group(asking), self.max_bytes, total + extra - self.max_bytes,
+                        {self._group(sid) for sid in needs}, lambda sid: self._reserved.get(sid, 0), self._group,
+                    )  # fmt: skip
+                    if short > 0:
                         self.refusals += 1
                         raise CapacityError(
                             f"session memory budget full: {len(needs)} session(s) need {_gib(extra)} more, "
                             f"{_gib(total)} of sessions.max_bytes={_gib(self.max_bytes)} is reserved by "
-                            f"{len(self._reserved)} session(s) in use or queued; retry later or raise "
-                            "sessions.max_bytes / add replicas",
+                            f"{len(self._reserved)} session(s) in use or queued, and no idle session this request "
+                            "may evict frees enough (other tenants' sessions within their share are never "
+                            "evicted); retry later or raise sessions.max_bytes / add replicas",
                             retry_after_s=self.retry_after_s,
                         )
-                    asking = {sid: max(0, int(n) - self._reserved.get(sid, 0)) for sid, n in needs.items()}
-                    while idle and total + extra > self.max_bytes:
-                        victim = self._victim(idle, self._bytes_by_group(asking), self.max_bytes)
-                        idle.remove(victim)
-                        total -= self._reserved.get(victim, 0)
+                    for victim in victims:
                         self._evict(victim, "bytes")
             for sid, n in needs.items():
                 self._reserved[sid] = max(self._reserved.get(sid, 0), int(n))
                 self._inflight.add(sid)
+
+    def _check_count_room(self, needs: dict[str, int], idle: list[str]) -> None:
+        """`CapacityError` when the request's new sessions cannot get a slot of `max_sessions` by the fair rule (nor
+        from its own group's sessions, which storing evicts even when busy). Evicts nothing: storing does."""
+        new = [sid for sid in needs if sid not in self._sessions and sid not in self._inflight]
+        excess = len(self._sessions.keys() | self._inflight) + len(new) - self.max_sessions
+        if not new or excess <= 0:
+            return
+        asking = Counter(self._group(sid) for sid in new)
+        victims, short = plan_evictions(
+            idle, self._count_by_group() + asking, self.max_sessions, excess, set(asking), lambda _: 1, self._group
+        )
+        own = [s for s in self._sessions if self._group(s) in asking and s not in needs and s not in victims]
+        if short > len(own):
+            self.refusals += 1
+            raise CapacityError(
+                f"session slots full: {len(new)} new session(s) need {excess} of sessions.max_sessions="
+                f"{self.max_sessions} slots freed and only {excess - short + len(own)} may be (this tenant's own "
+                "idle sessions, or those of a tenant over its share; other tenants' sessions are never evicted); "
+                "retry later, end sessions, or raise sessions.max_sessions / add replicas",
+                retry_after_s=self.retry_after_s,
+            )
 
     def release(self, session_ids: Iterable[str]) -> None:
         """The call of these sessions is over: stored ones keep their reservation, the others give it back."""
@@ -409,9 +441,6 @@ class SessionStore:
             used[self._group(sid)] += n
         return used
 
-    def _victim(self, idle: list[str], used: Counter[str], capacity: int) -> str:
-        return share_victim(idle, used, capacity, self._group)
-
     # -- group quotas --------------------------------------------------------------------------------------------------
 
     def group_counts(self) -> dict[str, int]:
@@ -462,13 +491,44 @@ class SessionStore:
                 self._evict(sid, "ttl")
 
 
-def share_victim(idle: list[str], used: Counter[str], capacity: float, group: Callable[[str], str]) -> str:
-    """The session to evict among `idle` (least recently used first): the oldest of a group using more than its
-    share of `capacity` (capacity / groups present), so a group that outgrew its share pays before the others;
-    when every such group's sessions are busy, the oldest idle session of any group."""
-    groups = [g for g, n in used.items() if n > 0]
+def fair_victim(
+    idle: list[str], used: Counter[str], capacity: float, asking: set[str], group: Callable[[str], str]
+) -> str | None:
+    """The session to evict among `idle` (least recently used first) to make room for the groups in `asking`, or
+    None. `used`: each group's count or bytes, the asking groups' new rows included. While an asking group stays
+    within its share (capacity / groups present) with them, the oldest idle session of another group over its share
+    goes first; then the asking groups' own oldest idle session. Another group's session never goes otherwise, so a
+    tenant that floods new sessions evicts only its own (issue 45)."""
+    groups = {g for g, n in used.items() if n > 0} | asking
     share = capacity / max(1, len(groups))
-    return next((sid for sid in idle if used[group(sid)] > share), idle[0])
+    if any(used[g] <= share for g in asking):
+        over = next((sid for sid in idle if group(sid) not in asking and used[group(sid)] > share), None)
+        if over is not None:
+            return over
+    return next((sid for sid in idle if group(sid) in asking), None)
+
+
+def plan_evictions(
+    idle: list[str],
+    used: Counter[str],
+    capacity: float,
+    need: float,
+    asking: set[str],
+    size: Callable[[str], float],
+    group: Callable[[str], str],
+) -> tuple[list[str], float]:
+    """The victims (`fair_victim`, one after another) that free `need` units (`size` each), and what is still short
+    (0 when they suffice). Touches nothing: the caller evicts them only when the whole request fits."""
+    used, idle, victims, freed = Counter(used), list(idle), [], 0.0
+    while freed < need:
+        victim = fair_victim(idle, used, capacity, asking, group)
+        if victim is None:
+            break
+        idle.remove(victim)
+        victims.append(victim)
+        freed += size(victim)
+        used[group(victim)] -= size(victim)
+    return victims, max(0.0, need - freed)
 
 
 def refuse_over_quota(

@@ -9,7 +9,9 @@
 #     machine): the air-gapped case. The machine's own Python (or $GPU_CHECK_PYTHON) gets the few wheels the Ray-free
 #     model core needs, installed offline into .cache/gpu-site (scripts/gpu-offline-env.sh); no network is touched and
 #     the tier's serve test is skipped where Ray is not installed;
-#   - else ./scripts/install.sh (a networked machine: the project's .venv).
+#   - else ./scripts/install.sh (a networked machine: the project's .venv); on a GPU machine whose package index does
+#     not answer (the air-gapped box without its wheel folder) it stops at once, saying how to build and carry the
+#     folder, and creates nothing.
 # Other arguments go to scripts/gpu_check.py (--budget-s, --only, --serve-config, --docs; see its --help). Logs:
 # .cache/gpu-check/. The last line says PASS or FAIL <stage>: <why>.
 set -euo pipefail
@@ -17,6 +19,9 @@ cd "$(dirname "$0")/.."
 label="gpu-check"
 for arg in "$@"; do [ "$arg" = "--rehearse" ] && label="gpu-check rehearsal"; done
 fail() { echo "$label: FAIL $1: $2"; exit 1; }
+# whether the package index answers (a TCP connect, bounded): the air-gapped box must not wait for pip's retries
+index_host=$(printf '%s' "${PIP_INDEX_URL:-https://pypi.org/simple}" | sed -E 's#^[a-z+]+://([^/@]*@)?([^/:]+).*#\2#')
+reachable() { timeout "${GPU_CHECK_NET_PROBE_S:-5}" bash -c "exec 3<>/dev/tcp/$index_host/443" 2>/dev/null; }
 
 # 1. fail fast: no driver, no GPU (a rehearsal needs neither)
 if [ "$label" = "gpu-check" ]; then
@@ -33,6 +38,13 @@ elif [ -d "$WHEELS" ] && [ "$label" = "gpu-check" ]; then
   line=$(scripts/gpu-offline-env.sh "$WHEELS" .cache/gpu-site --python "$PY" | tail -1) \
     || fail install "the offline install from $WHEELS failed (see above)"
   export "${line?}"
+elif [ "$label" = "gpu-check" ] && ! reachable; then
+  # the air-gapped GPU box without its wheel folder: install.sh would make a bare venv and fail only after pip's
+  # retries, minutes of the GPU window; say at once what to carry instead, and create nothing
+  fail install "no network (${index_host}:443 unreachable within ${GPU_CHECK_NET_PROBE_S:-5} s) and no wheel folder \
+at $WHEELS: on a networked machine run scripts/gpu-wheels.sh (it fills .cache/gpu-wheels for this box's Python 3.12), \
+carry that folder here as $WHEELS (or set GPU_WHEELS), and run this again; or set DREAMZERO_PYTHON to a Python that \
+has the project's dependencies"
 else
   ./scripts/install.sh || fail install "scripts/install.sh failed (see above)"
   PY=.venv/bin/python

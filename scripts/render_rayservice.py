@@ -12,9 +12,13 @@ What goes where (docs/serving.md, "Kubernetes"):
   headGroupSpec          Ray's head (GCS, dashboard, Serve controller, a proxy). No GPUs and no logical CPUs
                          (num-gpus / num-cpus "0"), so no Policy replica is placed there; the CPU stages
                          (num_cpus: 0) may run there.
-  workerGroupSpecs[0]    the GPU workers: each pod asks Kubernetes for --gpus-per-worker GPUs (nvidia.com/gpu),
-                         which KubeRay hands to Ray as the node's GPUs; enough pods for the Policy replicas
+  workerGroupSpecs[0]    the GPU workers: each pod asks Kubernetes for --gpus-per-worker GPUs (nvidia.com/gpu;
+                         default: one replica's `policy.num_gpus x policy.cfg_parallel`, since a cfg_parallel: 2
+                         replica's STRICT_PACK placement group needs both of its GPU bundles on one node), which
+                         KubeRay hands to Ray as the node's GPUs; enough pods for the Policy replicas
                          (policy.num_replicas, or policy.autoscaling's bounds, with the Ray autoscaler on).
+  /dev/shm               a memory-backed emptyDir on every pod (--shm-size on the workers): Kubernetes' own /dev/shm
+                         is 64 MiB, too small for NCCL's shared-memory transport and Ray's object store.
   volumes                the checkpoints: a PersistentVolumeClaim mounted read-only at --checkpoint-mount on every
                          pod. The policy replicas load from it, and Serve builds the app (which checks model_path
                          and reads the statistics and tokenizer) on whichever node it picks.
@@ -42,10 +46,11 @@ BUILDER = "serve_graph.builder:build_app"  # the application rendered for the GP
 POLICY = "Policy"  # the deployment that holds the model (serve_graph.builder.POLICY)
 RAY_VERSION = "2.60.0"  # pyproject.toml pins ray[serve]==2.60.*; the Dockerfile's base image carries this Ray
 # The defaults of the args read here (deployments/sections.py, PolicyArgs and AutoscalingArgs; a test compares them)
-POLICY_DEFAULTS = {"num_replicas": 1, "num_gpus": 0}
+POLICY_DEFAULTS = {"num_replicas": 1, "num_gpus": 0, "cfg_parallel": 1}
 AUTOSCALING_DEFAULTS = {"min_replicas": 1, "max_replicas": 1, "initial_replicas": None}
 SERVE_PORT = 8000  # Serve's default HTTP port, and the `serve` port KubeRay's Serve service targets by default
 HEAD_RESOURCES = {"cpu": "4", "memory": "16Gi"}  # GCS, dashboard, Serve controller, proxy, the CPU stages
+HEAD_SHM = "4Gi"  # the head's /dev/shm: Ray's object store for the CPU stages (a worker's is --shm-size)
 DEFAULT_PVC = "dreamzero-models"
 NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")  # a Kubernetes object name (RFC 1123 label)
 
@@ -109,9 +114,13 @@ def check_paths(args: dict[str, Any], mount: str, mounted_by_hand: bool) -> bool
 
 def policy_shape(app: dict[str, Any]) -> tuple[float, int | None, dict[str, Any] | None]:
     """(GPUs per replica, fixed replica count or None, autoscaling bounds or None) of the Policy deployment, from
-    `args.policy` and then any `deployments:` override of it (which wins, as in Serve)."""
+    `args.policy` and then any `deployments:` override of it (which wins, as in Serve). A `cfg_parallel: 2` replica
+    holds `num_gpus` for itself and as many for its rank 1 (serve_graph/builder.py: two bundles, STRICT_PACK)."""
     policy = mapping((app.get("args") or {}).get("policy"), "args.policy")
     gpus = policy.get("num_gpus", POLICY_DEFAULTS["num_gpus"])
+    ranks = policy.get("cfg_parallel", POLICY_DEFAULTS["cfg_parallel"])
+    if ranks not in (1, 2):
+        raise RenderError(f"policy.cfg_parallel must be 1 or 2, not {ranks!r}")
     replicas = policy.get("num_replicas", POLICY_DEFAULTS["num_replicas"])
     autoscaling = policy.get("autoscaling")
     for override in app.get("deployments") or []:
@@ -129,8 +138,8 @@ def policy_shape(app: dict[str, Any]) -> tuple[float, int | None, dict[str, Any]
         bounds = {**AUTOSCALING_DEFAULTS, **mapping(autoscaling, "policy.autoscaling")}
         if not all(isinstance(bounds[k], int) for k in ("min_replicas", "max_replicas")):
             raise RenderError(f"policy.autoscaling's min_replicas and max_replicas must be numbers: {autoscaling}")
-        return float(gpus), None, bounds
-    return float(gpus), replicas, None
+        return float(gpus) * ranks, None, bounds
+    return float(gpus) * ranks, replicas, None
 
 
 def mapping(value: Any, where: str) -> dict[str, Any]:
@@ -151,10 +160,12 @@ def pods_for(replicas: int, gpus_per_replica: float, gpus_per_pod: int) -> int:
 def worker_group(opts: argparse.Namespace, app: dict[str, Any], port: int, volume: bool) -> tuple[dict, bool]:
     """The GPU worker group and whether the Ray autoscaler must run (the Serve config autoscales the Policy)."""
     gpus, replicas, autoscaling = policy_shape(app)
+    if opts.gpus_per_worker is None:  # one replica's GPUs (num_gpus x cfg_parallel), at least one
+        opts = argparse.Namespace(**{**vars(opts), "gpus_per_worker": max(1, math.ceil(gpus))})
     if gpus > opts.gpus_per_worker:
         raise RenderError(
-            f"policy.num_gpus is {gpus:g} but a worker pod has {opts.gpus_per_worker} GPU(s): a Policy replica must "
-            "fit in one pod; raise --gpus-per-worker"
+            f"a Policy replica holds {gpus:g} GPU(s) (policy.num_gpus x policy.cfg_parallel) but a worker pod has "
+            f"{opts.gpus_per_worker} GPU(s): a Policy replica must fit in one pod; raise --gpus-per-worker"
         )
     if gpus == 0:
         print(
@@ -186,12 +197,16 @@ def worker_group(opts: argparse.Namespace, app: dict[str, Any], port: int, volum
         "minReplicas": lo,
         "maxReplicas": hi,
         "rayStartParams": {},  # KubeRay passes the pod's nvidia.com/gpu and cpu limits to Ray as num-gpus / num-cpus
-        "template": pod_template("ray-worker", opts, limits, [{"name": "serve", "containerPort": port}], volume),
+        "template": pod_template(
+            "ray-worker", opts, limits, [{"name": "serve", "containerPort": port}], volume, opts.shm_size
+        ),
     }
     return group, autoscaling is not None
 
 
-def pod_template(name: str, opts: argparse.Namespace, limits: dict, ports: list, volume: bool) -> dict[str, Any]:
+def pod_template(
+    name: str, opts: argparse.Namespace, limits: dict, ports: list, volume: bool, shm: str
+) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": name,
         "image": opts.image,
@@ -199,10 +214,14 @@ def pod_template(name: str, opts: argparse.Namespace, limits: dict, ports: list,
         "resources": {"limits": dict(limits), "requests": dict(limits)},
     }
     spec: dict[str, Any] = {"containers": [container]}
+    # memory-backed /dev/shm (it counts against the pod's memory limit): NCCL's and Ray's shared memory
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}}]
     if volume:
-        container["volumeMounts"] = [{"name": "models", "mountPath": opts.checkpoint_mount, "readOnly": True}]
+        mounts.append({"name": "models", "mountPath": opts.checkpoint_mount, "readOnly": True})
         claim = {"claimName": opts.checkpoint_pvc or DEFAULT_PVC, "readOnly": True}
-        spec["volumes"] = [{"name": "models", "persistentVolumeClaim": claim}]
+        volumes.append({"name": "models", "persistentVolumeClaim": claim})
+    container["volumeMounts"], spec["volumes"] = mounts, volumes
     return {"spec": spec}
 
 
@@ -237,7 +256,7 @@ def render(opts: argparse.Namespace) -> dict[str, Any]:
                 "enableInTreeAutoscaling": autoscale,  # the Ray autoscaler adds GPU pods as Serve adds replicas
                 "headGroupSpec": {
                     "rayStartParams": {"num-cpus": "0", "num-gpus": "0"},
-                    "template": pod_template("ray-head", opts, HEAD_RESOURCES, head_ports, volume),
+                    "template": pod_template("ray-head", opts, HEAD_RESOURCES, head_ports, volume, HEAD_SHM),
                 },
                 "workerGroupSpecs": [workers],
             },
@@ -293,7 +312,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gpu-workers", type=int, help="GPU worker pods (default: what the Policy replicas need; not with autoscaling)"
     )
-    parser.add_argument("--gpus-per-worker", type=int, default=1, help="GPUs per worker pod (default %(default)s)")
+    parser.add_argument(
+        "--gpus-per-worker",
+        type=int,
+        help="GPUs per worker pod (default: one Policy replica's, num_gpus x cfg_parallel)",
+    )
+    parser.add_argument(
+        "--shm-size", default="16Gi", help="a worker pod's memory-backed /dev/shm (default %(default)s)"
+    )
     parser.add_argument("--worker-cpu", default="8", help="CPUs per worker pod (default %(default)s)")
     parser.add_argument("--worker-memory", default="64Gi", help="memory per worker pod (default %(default)s)")
     return parser
@@ -305,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not NAME.fullmatch(opts.name):
             raise RenderError(f"--name {opts.name!r} is no Kubernetes name: lower-case letters, digits and '-'")
-        if opts.gpus_per_worker < 1 or (opts.gpu_workers is not None and opts.gpu_workers < 1):
+        if (opts.gpus_per_worker is not None and opts.gpus_per_worker < 1) or (
+            opts.gpu_workers is not None and opts.gpu_workers < 1
+        ):
             raise RenderError("--gpus-per-worker and --gpu-workers must be at least 1")
         if not opts.checkpoint_mount.startswith("/"):
             raise RenderError(f"--checkpoint-mount {opts.checkpoint_mount!r} must be an absolute path")

@@ -34,12 +34,9 @@ from deployments.settings import (
     StageSettings,
     ZmqDoorSettings,
 )
-from dreamzero.checkpoint.size import model_nbytes
 from dreamzero.device import SIMULATED_GPU_ENV, parse_dtype
 from dreamzero.device_checks import check_serving_device, device_facts
-from dreamzero.model.vae import spatial_factor
-from dreamzero.pipeline.budget import canvas_for, check_fit
-from dreamzero.sessions import footprint_for
+from dreamzero.planner import check_fits, plan_serving
 from serve_graph.config import AppArgs, parse_app_args
 from serve_graph.model_source import ResolvedModel, model_config, resolve_model
 from serve_graph.session_router import session_router_config
@@ -175,6 +172,7 @@ def policy_settings(cfg: AppArgs, model: ResolvedModel) -> PolicySettings:
         replay=cfg.policy.replay,
         cfg_parallel=cfg.policy.cfg_parallel,
         cfg_timeout_s=cfg.policy.cfg_timeout_s,
+        placement=dict(cfg.policy.placement),
         cfg_rank_options={"num_cpus": cfg.policy.num_cpus, "num_gpus": cfg.policy.num_gpus},
         embodiment=embodiment_source(model),
         return_latents=cfg.return_latents,
@@ -194,9 +192,10 @@ def _cluster_has_gpus() -> bool:
 
 def check_gpu_fit(cfg: AppArgs) -> None:
     """A GPU configuration that cannot work fails here, before any replica loads, saying what to change: no CUDA, no
-    bf16, weights of any layout larger than the GPU, a batch of `batching.max_batch_rows` full-window sessions or
-    `sessions.max_bytes` that do not fit with them. Where this process sees no GPU but the cluster has some (the build
-    runs on KubeRay's GPU-less head), each replica's own memory sizing checks instead (dreamzero.pipeline.budget)."""
+    bf16, or a memory plan (dreamzero.planner: placement, precision, rows, sessions) that finds no way to fit the
+    checkpoint with `batching.max_batch_rows`, `sessions.max_bytes` and `policy.placement` as set. Where this
+    process sees no GPU but the cluster has some (the build runs on KubeRay's GPU-less head), each replica's own plan
+    and memory sizing check instead (dreamzero.planner, dreamzero.pipeline.budget)."""
     if cfg.policy.num_gpus <= 0 and not cfg.resolved_device.startswith("cuda"):
         return
     facts = device_facts()
@@ -208,14 +207,15 @@ def check_gpu_fit(cfg: AppArgs) -> None:
     if model_cfg is None:  # a replay loads no weights
         return
     dtype = parse_dtype(cfg.dtype) if cfg.dtype else torch.bfloat16
-    pipe = model_cfg.pipeline
-    canvas = canvas_for(model_cfg.dit, pipe, spatial_factor(model_cfg.vae))
-    footprint = footprint_for(model_cfg.dit, pipe, model_cfg.vae, model_cfg.image_encoder, canvas, dtype)
-    rows, field = cfg.batching.max_batch_rows, None
-    if rows is None:  # null: a batch as large as the session store
-        rows = cfg.sessions.max_sessions
-        field = f"batching.max_batch_rows=null (sessions.max_sessions={rows})"
-    check_fit(facts, model_nbytes(model_cfg, dtype), footprint, rows, cfg.sessions.max_bytes, field)
+    rows = cfg.batching.max_batch_rows
+    rows = cfg.sessions.max_sessions if rows is None else rows  # null: a batch as large as the session store
+    plan = plan_serving(
+        model_cfg, facts.total_bytes, dtype=dtype, cfg_parallel=cfg.policy.cfg_parallel,
+        max_sessions=cfg.sessions.max_sessions, rows=rows, max_bytes=cfg.sessions.max_bytes,
+        placement=dict(cfg.policy.placement), name=cfg.model_path or getattr(model_cfg, "name", None),
+    )  # fmt: skip
+    check_fits(plan, rows, cfg.sessions.max_bytes, dict(cfg.policy.placement))
+    log.info("memory plan: %s", plan.summary())
 
 
 def replica_counts_in_args(cfg: AppArgs) -> list[str]:

@@ -28,7 +28,7 @@ from deployments.sections import (
     ZmqArgs,
     existing_path,
 )
-from deployments.tenants import DEFAULT_TENANT, key_digest, parse_key_table, read_key_file
+from deployments.tenants import DEFAULT_TENANT, DIGEST_PREFIX, key_digest, parse_key_table, read_key_file
 from dreamzero.config import PipelineConfig
 from dreamzero.errors import ConfigError
 
@@ -80,7 +80,11 @@ class AppArgs(Strict):
     )
     return_latents: bool = Field(False, description="Ask the policy for predicted video latents (debugging).")
     api_key: str | None = Field(
-        None, description="Required key (`Authorization: Bearer <key>` or `Api-Key <key>`); null disables auth."
+        None,
+        description="Required key (`Authorization: Bearer <key>` or `Api-Key <key>`): its digest 'sha256:<hex of the "
+        "key>' (a key in clear is hashed as it is read, but Serve logs and Ray's dashboard show a YAML's args as "
+        "given: use the digest or api_key_env there); null disables auth.",
+        repr=False,
     )
     api_key_env: str | None = Field(
         None, description="Name of an environment variable holding the API key (wins over `api_key`)."
@@ -148,6 +152,19 @@ class AppArgs(Strict):
     def _metadata_exists(cls, v: str | None) -> str | None:
         return existing_path(v, Path.is_file, "is not a file; give the path of a metadata.json")
 
+    @field_validator("api_key")
+    @classmethod
+    def _hash_legacy_key(cls, v: str | None) -> str | None:
+        """Keep only the digest: the parsed args (and whatever logs or pickles them) never hold the key in clear."""
+        if not v:
+            return None
+        if v.startswith(DIGEST_PREFIX):
+            try:
+                return parse_key_table({DEFAULT_TENANT: v}, "api_key")[DEFAULT_TENANT][0]
+            except ConfigError as exc:
+                raise ValueError(str(exc).removeprefix("api_key.default: ")) from None
+        return key_digest(v)
+
     @field_validator("api_keys")
     @classmethod
     def _key_table(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -198,6 +215,22 @@ class AppArgs(Strict):
         return self
 
     @model_validator(mode="after")
+    def _connections_leave_slots(self) -> AppArgs:
+        """WebSockets and arriving bodies hold Ingress slots: no cap may reach the slots a replica has, and the
+        WebSockets' total (null: half the slots) is settled here so the door reads a number."""
+        slots, h = self.ingress.max_ongoing_requests, self.http
+        for name in ("ws_max_per_tenant", "body_reads_per_tenant", "ws_max_total"):
+            value = getattr(h, name)
+            if value is not None and value >= slots:
+                raise ValueError(
+                    f"http.{name} is {value} but ingress.max_ongoing_requests is {slots}: one caller could take every "
+                    "slot of the Ingress; lower it or raise ingress.max_ongoing_requests"
+                )
+        if h.ws_max_total is None:
+            return self.model_copy(update={"http": h.model_copy(update={"ws_max_total": max(1, slots // 2)})})
+        return self
+
+    @model_validator(mode="after")
     def _device_matches_gpus(self) -> AppArgs:
         if self.device and self.device.startswith("cuda") and self.policy.num_gpus == 0:
             raise ValueError("device is cuda but policy.num_gpus is 0; set policy.num_gpus: 1 (per replica)")
@@ -222,21 +255,17 @@ class AppArgs(Strict):
         return self.checkpoint_layout or detect_layout(self.model_path)
 
     @property
-    def resolved_api_key(self) -> str | None:
-        if self.api_key_env:
-            return os.environ[self.api_key_env]
-        return self.api_key or None
-
-    @property
     def key_digests(self) -> dict[str, tuple[str, ...]]:
         """`api_keys` as tenant -> key digests."""
         return parse_key_table(self.api_keys, "api_keys")
 
     @property
     def api_key_digest(self) -> str | None:
-        """The legacy `api_key`'s digest (the tenant `default`), hashed here: no front door gets a key in clear."""
-        key = self.resolved_api_key
-        return None if key is None else key_digest(key)
+        """The legacy `api_key`'s digest (the tenant `default`): `api_key_env`'s key hashed here, else `api_key` (held
+        as its digest since validation); no front door gets a key in clear."""
+        if self.api_key_env:
+            return key_digest(os.environ[self.api_key_env])
+        return self.api_key
 
 
 def _format_errors(err: ValidationError) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Header, Request, WebSocket
 from starlette.responses import JSONResponse, Response
 
-from deployments.auth import tenant_from_header
+from deployments.auth import ConnectionSlots, caller_of, tenant_from_header
 from deployments.error_replies import HANDLED_EXCEPTIONS, classify, reply_response
 from deployments.graph_runner import GraphRunner
 from deployments.settings import IngressSettings
@@ -44,37 +44,69 @@ class HttpDoor:
         self.runner, self.settings = runner, settings
         self.keys = keys or TenantKeys.from_settings(settings.auth)
         self.metrics = runner.metrics
+        h = settings.http
+        # what a body may hold decoded: the widest legal request of this server (rows), within the body limit
+        self.decode_limits = codec.DecodeLimits.for_request(max_rows=runner.max_rows, max_bytes=h.max_body_bytes)
+        self.body_reads = ConnectionSlots("request bodies arriving", h.body_reads_per_tenant, "body_reads_per_tenant")
 
     # 1. POST /v1/actions/generations ------------------------------------------------------------------------------
     async def read_body(self, request: Request) -> bytes:
-        """The body, refused with 413 as soon as it passes the limit (before it is all in memory), and with 408 when
-        it has not all arrived within `http.request_timeout_s` (the door's bound: Serve's proxy timeout is off, since
-        it would also end every WebSocket connection at that age)."""
+        """The body, refused with 413 as soon as it passes the limit (before it is all in memory), with 408 when it
+        has not all arrived within `http.body_timeout_s` or arrives slower than `http.body_min_bytes_per_s` after
+        `http.body_grace_s` (the door's bounds: Serve's proxy timeout is off, since it would also end every WebSocket
+        connection at that age), and with 429 while the caller is sending `http.body_reads_per_tenant` others."""
         limit = self.settings.http.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLarge(f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes")
-        bound = self.settings.http.request_timeout_s
-        try:
-            return await asyncio.wait_for(self._read_chunks(request, limit), bound)
-        except asyncio.TimeoutError:
-            message = f"the request body did not arrive within {bound:g} s (http.request_timeout_s)"
-            raise RequestTimeout(message) from None
+        tenant = getattr(getattr(request, "state", None), "tenant", DEFAULT_TENANT)
+        client = getattr(request, "client", None)
+        caller = caller_of(self.keys, tenant, client.host if client else None)
+        with self.body_reads.hold(caller):
+            return await self._read_chunks(request, limit)
 
-    @staticmethod
-    async def _read_chunks(request: Request, limit: int) -> bytes:
+    async def _read_chunks(self, request: Request, limit: int) -> bytes:
+        h = self.settings.http
+        bound = min(h.body_timeout_s, h.request_timeout_s)
+        knob = "body_timeout_s" if h.body_timeout_s <= h.request_timeout_s else "request_timeout_s"
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         chunks, size = [], 0
-        async for chunk in request.stream():
+        stream = request.stream().__aiter__()
+        while True:
+            # the next chunk must come before the body would fall below the minimum rate, and before the bound
+            by_rate = max(h.body_grace_s, size / h.body_min_bytes_per_s) if h.body_min_bytes_per_s else bound
+            wait = min(bound, by_rate) - (loop.time() - start)
+            try:
+                if wait <= 0:
+                    raise asyncio.TimeoutError
+                chunk = await asyncio.wait_for(stream.__anext__(), wait)
+            except StopAsyncIteration:
+                return b"".join(chunks)
+            except asyncio.TimeoutError:
+                elapsed = loop.time() - start
+                if elapsed >= bound:
+                    message = f"the request body did not arrive within {bound:g} s (http.{knob})"
+                else:
+                    message = (
+                        f"the request body arrives slower than {h.body_min_bytes_per_s} bytes/s "
+                        f"(http.body_min_bytes_per_s): {size} bytes in {elapsed:.1f} s"
+                    )
+                raise RequestTimeout(message) from None
             size += len(chunk)
             if size > limit:
                 raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
             chunks.append(chunk)
-        return b"".join(chunks)
 
     def parse(self, body: bytes, content_type: str | None) -> generations.GenerationRequest:
-        """Decode and validate a body; raises the error that names the bad field."""
-        obj, flavour = codec.decode_body(body, content_type)
+        """Decode and validate a body within the door's decode limits; raises the error that names the bad field."""
+        obj, flavour = codec.decode_body(body, content_type, limits=self.decode_limits)
         return generations.parse_generation_request(obj, flavour, max_batch=self.runner.max_rows)
+
+    async def parse_async(self, body: bytes, content_type: str | None) -> generations.GenerationRequest:
+        """`parse`, on a decoding thread when the body is large: the event loop keeps serving other callers and
+        /healthz meanwhile."""
+        return await codec.decode_in_worker(len(body), self.parse, body, content_type)
 
     async def answer(
         self, req: generations.GenerationRequest, t0: float, tenant: str = DEFAULT_TENANT
@@ -94,7 +126,7 @@ class HttpDoor:
     async def generate(self, body: bytes, content_type: str | None) -> tuple[bytes, str]:
         """`parse` + `answer` in one call."""
         t0 = time.perf_counter()
-        return await self.answer(self.parse(body, content_type), t0)
+        return await self.answer(await self.parse_async(body, content_type), t0)
 
     def count_request(self, status: int, form: str) -> None:
         self.metrics.requests.inc(1, tags={"route": routes.GENERATIONS_PATH, "status": str(status), "form": form})
@@ -176,7 +208,7 @@ def build_fastapi_app(door: HttpDoor, websocket: Any = None) -> FastAPI:
         codec.flavour_for_content_type(content_type)  # 415 before reading the body
         body = await door.read_body(request)
         t0 = time.perf_counter()
-        req = door.parse(body, content_type)
+        req = await door.parse_async(body, content_type)
         request.state.form = req.form  # the error handler counts the request under its form
         payload, reply_type = await door.answer(req, t0, request.state.tenant)
         door.count_request(200, req.form)

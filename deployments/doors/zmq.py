@@ -12,7 +12,18 @@ lets a robot keep its sessions across reconnects. Session ids are namespaced by 
 the caller's tenant (deployments.auth), and a client namespace belongs to the tenant that used it: the graph runner
 scopes every id by tenant and the door remembers sessions per (tenant, identity), so another tenant's client that
 picks the same identity reaches (and `reset` lists) only sessions of its own.
+
+A caller without a key costs next to nothing (issue 45): the door reads only the message's `endpoint` and
+`api_token` (skipping `data` unbuilt) and checks the token before it unpacks anything else; the full message is then
+unpacked within decode limits sized from the widest legal request (`DecodeLimits`), off the event loop when large.
+It remembers only the sessions of requests the Policy answered (bounded per client and in all, least recently used
+first, forgotten when idle), so `reset` without ids fans out to a bounded list, and resets are rate-limited per
+tenant. `kill` is the operator's: only the tenant `admin` (or a server's only tenant) may use it, and a killed door
+reports itself unhealthy so Serve replaces it (docs/zmq.md).
 """
+
+# Longer than ~400 lines on purpose: the door's request path, its bounded header read and unpack, its session
+# memory and the socket loop are one contract with the RLDX wire, read together.
 
 from __future__ import annotations
 
@@ -22,13 +33,31 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+import msgpack
+
+from deployments.audit import configure_audit_log, configure_info_log
 from deployments.auth import tenant_from_token
 from deployments.error_replies import classify
 from deployments.graph_runner import GraphRunner
 from deployments.settings import ZmqDoorSettings
-from deployments.tenants import DEFAULT_TENANT, UNAUTHENTICATED, TenantKeys, parse_door_config
-from dreamzero.errors import CapacityError, PayloadTooLarge, Unauthorized
+from deployments.tenants import (
+    DEFAULT_TENANT,
+    UNAUTHENTICATED,
+    TenantKeys,
+    TokenBucket,
+    audit_refusal,
+    parse_door_config,
+)
+from dreamzero.errors import (
+    CapacityError,
+    InvalidObservation,
+    InvalidRequest,
+    PayloadTooLarge,
+    QuotaExceeded,
+    Unauthorized,
+)
 from dreamzero_client.wire import generations, rldx
+from dreamzero_client.wire.limits import Budget, DecodeLimits, decode_in_worker
 
 log = logging.getLogger("dreamzero.serve.zmq")
 
@@ -37,6 +66,17 @@ ROUTE = "zmq"
 ZMQ_SESSION_PREFIX = "zmq"
 #: clients whose session lists are remembered (for `reset` without ids); the oldest is forgotten first
 MAX_REMEMBERED_CLIENTS = 4096
+#: sessions remembered per client and in all (least recently used forgotten first), and how long an idle one is
+MAX_SESSIONS_PER_CLIENT = 256
+MAX_REMEMBERED_SESSIONS = 16384
+REMEMBER_IDLE_S = 3600.0
+#: `reset` calls per tenant and door replica: a token bucket (per second, burst)
+RESETS_PER_S, RESET_BURST = 2.0, 10
+#: the tenant whose key may use `kill` on a server with several tenants
+KILL_TENANT = "admin"
+#: keys of a request map, and the longest `endpoint` / `api_token` string read before the token check
+REQUEST_KEYS = 8
+MAX_HEADER_STR = 4096
 #: the language key advertised by get_modality_config (the GR00T / RLDX-1 DROID name)
 LANGUAGE_KEY = "annotation.language.language_instruction"
 #: the frames a DROID model reads per camera, as offsets in control steps (a 4-frame stack, one every 8 steps)
@@ -59,10 +99,14 @@ class ZmqDoor:
         self.keys = TenantKeys.from_settings(settings.auth)
         self.embodiment = runner.embodiment
         self.metrics = runner.metrics
-        # (tenant, client) -> {client's session id: routing key of the request that used it}
-        self.sessions: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
+        # (tenant, client) -> {client's session id: (routing key of the request that used it, last use)}, LRU order
+        self.sessions: OrderedDict[tuple[str, str], OrderedDict[str, tuple[str, float]]] = OrderedDict()
+        self._remembered = 0  # sessions in `self.sessions`, all clients together
+        self._reset_buckets: dict[str, TokenBucket] = {}  # tenant -> its `reset` rate
         self.in_flight = 0
         self.killed = asyncio.Event()
+        self.limits = DecodeLimits.for_request(max_rows=max(1, int(runner.max_rows or 1)),
+                                               max_bytes=self.zcfg.max_message_bytes)  # fmt: skip
         self._zap = self._zap_context = None  # CURVE allow-list: the ZAP handler and its context (bind)
 
     # --- one message ----------------------------------------------------------------------------------------------
@@ -76,8 +120,10 @@ class ZmqDoor:
                 raise CapacityError(f"the server has {self.zcfg.max_in_flight} requests in flight; retry shortly")
             if len(payload) > self.zcfg.max_message_bytes:
                 raise PayloadTooLarge(f"message of {len(payload)} bytes exceeds {self.zcfg.max_message_bytes} bytes")
-            request = rldx.parse_request(rldx.unpack(payload))
-            tenant = self.check_token(request.api_token)
+            # the token first, from the message's header fields alone: `data` is skipped, never built
+            tenant = self.check_token(read_token(payload))
+            message = await decode_in_worker(len(payload), bounded_unpack, payload, self.limits)
+            request = rldx.parse_request(message)
             endpoint = request.endpoint
             # the runner cancels the downstream calls it started when this deadline cancels it
             reply = await asyncio.wait_for(self.dispatch(identity, request, tenant), self.zcfg.request_timeout_s)
@@ -90,6 +136,8 @@ class ZmqDoor:
             body = self.error_body(exc)
             status, code = body["status"], body["code"]
             out = rldx.pack(body)
+            if isinstance(exc, DOOR_REFUSALS):
+                audit_refusal(tenant, f"zmq/{endpoint}", exc)
         finally:
             self.in_flight -= 1
         tags = {"route": f"{ROUTE}/{endpoint}", "status": str(status), "form": "raw"}
@@ -109,6 +157,11 @@ class ZmqDoor:
             body["field"] = reply.field
         return body
 
+    def kill_allowed(self, tenant: str) -> bool:
+        """`kill` is the operator's: the tenant `admin`, or the caller of a server whose only tenant is `default` (a
+        single legacy key, or none): never one tenant ending the door the others share."""
+        return tenant == KILL_TENANT or (tenant == DEFAULT_TENANT and self.keys.tenants() <= {DEFAULT_TENANT})
+
     def check_token(self, token: str | None) -> str:
         """The tenant the `api_token` names (`default` when the door has no keys); Unauthorized otherwise."""
         return tenant_from_token(self.keys, token)
@@ -127,6 +180,9 @@ class ZmqDoor:
         if request.endpoint == "kill":
             if not self.zcfg.allow_kill:
                 raise Unauthorized("the kill endpoint is disabled on this server (zmq.allow_kill: false)")
+            if not self.kill_allowed(tenant):
+                raise Unauthorized(f"the kill endpoint needs the operator's key (tenant {KILL_TENANT!r})")
+            log.warning("ZMQ door: kill by tenant %s; the replica reports itself unhealthy and is replaced", tenant)
             self.killed.set()
             return None
         client = client_namespace(identity)
@@ -152,8 +208,9 @@ class ZmqDoor:
             action_prefix=opts.action_prefix,
             return_video=opts.return_video,
         )
-        self._remember((tenant, client), opts.session_ids, gen.route_key)
         reply = await self.runner.run(gen, self.zcfg.request_timeout_s, tenant)
+        # only now do these sessions exist on the Policy: a refused request's ids are never remembered
+        self._remember((tenant, client), opts.session_ids[: len(reply.sessions)], gen.route_key)
         reports = []
         for own_id, report in zip(opts.session_ids, reply.sessions):
             entry = report.to_dict()
@@ -170,7 +227,26 @@ class ZmqDoor:
         return rldx.action_reply(self.embodiment.split_actions(reply.actions), info)
 
     async def reset(self, client: str, session_ids: list[str] | None, tenant: str = DEFAULT_TENANT) -> dict:
-        known = self.sessions.get((tenant, client), {})
+        """Restart the caller's sessions (without ids: those it is remembered to hold, at most
+        MAX_SESSIONS_PER_CLIENT); rate-limited per tenant (RESETS_PER_S, 429 past it)."""
+        bucket = self._reset_buckets.get(tenant)
+        if bucket is None:
+            bucket = self._reset_buckets[tenant] = TokenBucket(RESETS_PER_S, RESET_BURST)
+            while len(self._reset_buckets) > MAX_REMEMBERED_CLIENTS:
+                self._reset_buckets.pop(next(iter(self._reset_buckets)))
+        wait = bucket.take()
+        if wait > 0:
+            raise QuotaExceeded(
+                f"tenant {tenant!r} is over {RESETS_PER_S:g} resets/s on this door; retry after {wait:.2f} s",
+                "resets_per_s",
+                wait,
+            )
+        if session_ids is not None and len(session_ids) > MAX_SESSIONS_PER_CLIENT:
+            raise InvalidObservation(
+                f"reset names {len(session_ids)} sessions; at most {MAX_SESSIONS_PER_CLIENT} per call",
+                field="options.session_ids",
+            )
+        known = self._known((tenant, client))
         names = list(known) if session_ids is None else session_ids
         by_route: dict[str, list[str]] = {}
         for name in names:
@@ -192,12 +268,40 @@ class ZmqDoor:
         }
 
     def _remember(self, client: tuple[str, str], session_ids: list[str], route_key: str) -> None:
-        known = self.sessions.pop(client, {})
+        """Note the sessions a request of `client` holds on the Policy (bounded: MAX_SESSIONS_PER_CLIENT per client,
+        MAX_REMEMBERED_SESSIONS and MAX_REMEMBERED_CLIENTS in all, least recently used forgotten first)."""
+        known = self.sessions.pop(client, None) or OrderedDict()
+        now = time.monotonic()
+        self._remembered -= len(known)
         for sid in session_ids:
-            known[sid] = route_key
+            known.pop(sid, None)
+            known[sid] = (route_key, now)
+        while len(known) > MAX_SESSIONS_PER_CLIENT:
+            known.popitem(last=False)
         self.sessions[client] = known
-        while len(self.sessions) > MAX_REMEMBERED_CLIENTS:
-            self.sessions.popitem(last=False)
+        self._remembered += len(known)
+        while len(self.sessions) > MAX_REMEMBERED_CLIENTS or self._remembered > MAX_REMEMBERED_SESSIONS:
+            oldest = self.sessions[next(iter(self.sessions))]
+            if len(self.sessions) > MAX_REMEMBERED_CLIENTS or len(oldest) <= 1:
+                self._remembered -= len(self.sessions.popitem(last=False)[1])
+            else:
+                oldest.popitem(last=False)
+                self._remembered -= 1
+
+    def _known(self, client: tuple[str, str]) -> dict[str, str]:
+        """The client's remembered sessions -> routing key, less those idle past REMEMBER_IDLE_S (forgotten)."""
+        known = self.sessions.get(client)
+        if not known:
+            return {}
+        cutoff = time.monotonic() - REMEMBER_IDLE_S
+        for sid in [sid for sid, (_, at) in known.items() if at < cutoff]:
+            del known[sid]
+            self._remembered -= 1
+        return {sid: route for sid, (route, _) in known.items()}
+
+    def remembered(self) -> int:
+        """Sessions the door remembers in all (for tests and the operator)."""
+        return self._remembered
 
     # --- the socket -------------------------------------------------------------------------------------------------
     def bind(self):
@@ -296,18 +400,85 @@ class ZmqIngressDeployment:
     """
 
     async def __init__(self, preprocess: Any, policy: Any, postprocess: Any, settings: ZmqDoorSettings):
+        configure_info_log(log.name)  # Serve sets up only its own logger: the door's INFO lines would be dropped
+        configure_audit_log()
         self.door = ZmqDoor(GraphRunner(preprocess, policy, postprocess, settings.graph), settings)
         self._sock = self.door.bind()
         self._task = asyncio.get_running_loop().create_task(self.door.serve(self._sock))
         log.info("ZMQ front door listening on tcp://%s:%d", self.door.zcfg.host, self.door.zcfg.port)
 
     def ready(self) -> bool:
-        return not self._task.done()
+        return not self._task.done() and not self.door.killed.is_set()
 
     def reconfigure(self, user_config: dict) -> None:
         """Serve's `user_config` of ZmqIngress: keys and quotas, applied without replacing the replica."""
         self.door.reconfigure(user_config)
 
     def check_health(self) -> None:
-        if self._task.done() and not self.door.killed.is_set():
+        # a killed door is unhealthy too: Serve replaces the replica, and the new one binds the port again
+        if self.door.killed.is_set():
+            raise RuntimeError("the ZMQ door was closed by `kill`; this replica is to be replaced")
+        if self._task.done():
             raise RuntimeError(f"the ZMQ receive loop stopped: {self._task.exception()!r}")
+
+
+#: refusals the door decides itself (the audit log's `refuse ... at=zmq/...` lines); the Policy audits its own
+DOOR_REFUSALS = (Unauthorized, PayloadTooLarge, QuotaExceeded, CapacityError)
+
+
+def read_token(payload: bytes) -> str | None:
+    """The `api_token` of an RLDX request, read without building its `data` (skipped in C, nothing allocated):
+    a caller without a key costs the door no memory. InvalidRequest when the message is not a msgpack map of a few
+    string keys or its token / endpoint is not a short string."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(1, len(payload)), max_str_len=MAX_HEADER_STR,
+                                max_bin_len=0, max_array_len=0, max_map_len=REQUEST_KEYS, max_ext_len=0)  # fmt: skip
+    unpacker.feed(payload)
+    token = None
+    try:
+        n = unpacker.read_map_header()
+        if n > REQUEST_KEYS:
+            raise InvalidRequest(f"a request is a map {{endpoint, data, api_token}}; this one has {n} keys")
+        for _ in range(n):
+            key = _short_str(unpacker, payload, "a request map's keys must be short strings")
+            if key == "api_token":
+                token = _short_str(unpacker, payload, "'api_token' must be a string", nil_ok=True)
+            elif key == "endpoint":
+                _short_str(unpacker, payload, "'endpoint' must be a string", nil_ok=True)
+            else:
+                unpacker.skip()
+    except InvalidRequest:
+        raise
+    except Exception as exc:  # noqa: BLE001 - garbage bytes from the network
+        raise InvalidRequest(f"the message is not a msgpack RLDX request ({type(exc).__name__})") from None
+    return token
+
+
+def _short_str(unpacker: msgpack.Unpacker, payload: bytes, message: str, nil_ok: bool = False) -> str | None:
+    """The next value when it is a string (or nil when `nil_ok`): its first byte is checked before it is read."""
+    at = unpacker.tell()
+    first = payload[at] if at < len(payload) else None
+    is_str = first is not None and (0xA0 <= first <= 0xBF or first in (0xD9, 0xDA, 0xDB))
+    if not is_str and not (nil_ok and first == 0xC0):
+        raise InvalidRequest(message)
+    return unpacker.unpack()
+
+
+def bounded_unpack(payload: bytes, limits: DecodeLimits) -> Any:
+    """`rldx.unpack` within `limits`: the unpacker's own length limits and a count of every value built."""
+    budget = Budget(limits)
+    n = limits.max_container_len
+
+    def pairs_hook(pairs: list) -> Any:
+        return rldx._decode_custom(budget.pairs_hook(pairs))  # the RLDX tags: ndarrays, configs
+
+    try:
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False, list_hook=budget.list_hook,
+                               object_pairs_hook=pairs_hook, max_array_len=n, max_map_len=n)  # fmt: skip
+    except InvalidRequest:
+        raise
+    except ValueError as exc:
+        if "exceeds max_" in str(exc):
+            raise InvalidRequest(f"the message holds a list or map longer than {n} items (max_container_len)") from None
+        raise InvalidRequest(f"the message is not a msgpack RLDX request ({type(exc).__name__})") from None
+    except Exception as exc:  # noqa: BLE001 - garbage bytes from the network
+        raise InvalidRequest(f"the message is not a msgpack RLDX request ({type(exc).__name__})") from None

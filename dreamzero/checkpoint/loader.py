@@ -103,6 +103,7 @@ def load_model(
     require_tokenizer: bool = True,
     layout: str | None = None,
     config=None,
+    placement=None,
 ):
     """Load a DreamZeroModel from any checkpoint layout, streaming tensor by tensor.
 
@@ -112,6 +113,11 @@ def load_model(
     CPU + fp32). The tokenizer comes from `tokenizer_path`, the config, `<folder>/tokenizer` or
     $DREAMZERO_TOKENIZER_PATH; with require_tokenizer=False a missing one only logs a warning.
     Names, shapes and files are all checked before any tensor data is read.
+
+    placement: a `dreamzero.placement.Placement` (or its mapping; None: everything on `device`, in `dtype`). Each
+    component is read straight onto its own device: a text / image encoder placed "cpu" or "offload" never touches
+    the GPU. With dit_weights="fp8" the DiT's Linear layers become fp8 on the meta skeleton and each weight is
+    quantised as it arrives, so the DiT is never held on the device in `dtype` (one tensor at a time is).
     """
     from dreamzero.device import select_device
     from dreamzero.model.dreamzero import DreamZeroModel
@@ -122,7 +128,10 @@ def load_model(
         layout = detect_layout(path)
     elif layout not in LAYOUTS:
         raise CheckpointError(f"layout must be one of {LAYOUTS} or None (detect), got {layout!r}")
+    from dreamzero.placement import Placement
+
     dev, dt = select_device(device, dtype)
+    placement = Placement.parse(placement, field="placement")
     cfg, source, make_spec, described_by, folder = _open(path, layout, config)
 
     # 1. everything that can be checked without reading tensor data
@@ -143,8 +152,32 @@ def load_model(
     spec = make_spec(model)
     check_layout(spec.expected, found, source.where, spec.ignore, spec.optional, described_by)
 
-    # 2. stream one tensor at a time into the meta skeleton; 3. buffers are never stored: recreate them
-    stream_into(model, spec, source, found, dev, dt)
-    model = finish(model, dev)
+    # 2. stream one tensor at a time into the meta skeleton, each component onto its own device; 3. buffers are
+    # never stored: recreate them
+    devices = placement.devices(dev)
+    setters = _fp8_setters(model.model) if placement.dit_weights == "fp8" else None
+    stream_into(model, spec, source, found, devices, dt, setters)
+    model = finish(model, devices)
     model.text_encoder.tokenizer = tokenizer
+    place_text_encoder(model.text_encoder, placement.text_encoder, dev)
+    model.placement = placement
     return model
+
+
+def _fp8_setters(dit) -> dict:
+    """Turn the DiT's Linear layers (on the meta skeleton) into fp8 ones; release name -> the layer's quantiser."""
+    try:
+        from dreamzero.model.fp8 import Fp8Linear, convert_linears_to_fp8_
+    except ImportError as exc:
+        raise ConfigError(
+            f"placement.dit_weights='fp8' needs dreamzero.model.fp8, which failed to import: {exc}"
+        ) from exc
+    convert_linears_to_fp8_(dit)
+    return {f"model.{n}.weight": m.set_weight for n, m in dit.named_modules() if isinstance(m, Fp8Linear)}
+
+
+def place_text_encoder(text_encoder, where: str, serving_device: torch.device) -> None:
+    """How a loaded text encoder runs for its placement: "cpu" runs unpadded on the host (same rows up to rounding,
+    a fraction of the flops); "offload" computes on the serving device block by block from host weights."""
+    text_encoder.trim_padding = where == "cpu"
+    text_encoder.offload_to(serving_device if where == "offload" else None)

@@ -3,7 +3,7 @@ tensor-by-tensor streaming into a model built on the meta device (peak memory: t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -131,18 +131,50 @@ def _assign(slots_of, old: torch.Tensor, value: torch.Tensor) -> None:
         (module._parameters if is_param else module._buffers)[leaf] = new
 
 
-def stream_into(model: nn.Module, spec: LayoutSpec, source: TensorSource, found, dev: torch.device, dt) -> None:
-    """Put each stored tensor (cast, on `dev`) in place of its meta parameter(s), then fill what the layout lacks."""
+def _device_of(devices, name: str) -> torch.device:
+    """devices: one device for every parameter, or component (first part of the name) -> device."""
+    if isinstance(devices, Mapping):
+        return devices[name.split(".", 1)[0]]
+    return devices
+
+
+def stream_into(
+    model: nn.Module,
+    spec: LayoutSpec,
+    source: TensorSource,
+    found,
+    dev: torch.device | Mapping[str, torch.device],
+    dt,
+    setters: Mapping[str, Callable[[torch.Tensor], None]] | None = None,
+) -> None:
+    """Put each stored tensor (cast, on its device) in place of its meta parameter(s), then fill what the layout
+    lacks. dev: one device, or component -> device (`Placement.devices`): each component's tensors are read straight
+    onto its own device. setters: parameter name -> a function that takes the value (on its device, in `dt`) instead
+    of the plain assignment; the fp8 DiT's Linear weights are quantised that way, one tensor at a time."""
+    setters = setters or {}
     by_name, slots_of = owners(model)
     present = [rt for rt in spec.expected if rt.name in found]
     wanted = {rt.name: rt for rt in present}
+    groups: dict[torch.device, list[str]] = {}
+    for rt in present:  # every source of one stored tensor belongs to one component
+        groups.setdefault(_device_of(dev, rt.sources[0]), []).append(rt.name)
+
+    def put(target: str, value: torch.Tensor) -> None:
+        if target in setters:
+            setters[target](value)
+        else:
+            _assign(slots_of, by_name[target], value)
+
     try:
-        for name, value in source.read([rt.name for rt in present], dev):
-            sources = [by_name[s] for s in wanted[name].sources]
-            parts = value.split([s.shape[0] for s in sources]) if len(sources) > 1 else [value]
-            for src, part in zip(sources, parts):
-                part = part.reshape(src.shape).to(device=dev, dtype=dt if part.is_floating_point() else None)
-                _assign(slots_of, src, part.contiguous())
+        for device, names in groups.items():
+            for name, value in source.read(names, device):
+                targets = wanted[name].sources
+                # a quantised weight (a setter's target) may be held in another shape: it gets the stored one
+                shapes = [wanted[name].shape if s in setters else by_name[s].shape for s in targets]
+                parts = value.split([s[0] for s in shapes]) if len(targets) > 1 else [value]
+                for target, shape, part in zip(targets, shapes, parts):
+                    part = part.reshape(shape).to(device=device, dtype=dt if part.is_floating_point() else None)
+                    put(target, part.contiguous())
     except CheckpointError:
         raise
     except Exception as exc:  # a tensor that cannot be read back although its header / pickle said it could
@@ -154,12 +186,14 @@ def stream_into(model: nn.Module, spec: LayoutSpec, source: TensorSource, found,
     for name, make in fills.items():
         old = by_name[name]
         if old.is_meta:
-            value = make(old.shape).to(device=dev, dtype=dt if old.is_floating_point() else old.dtype)
-            _assign(slots_of, old, value)
+            floating = old.is_floating_point() or name in setters
+            value = make(old.shape).to(device=_device_of(dev, name), dtype=dt if floating else old.dtype)
+            put(name, value)
 
 
-def finish(model, dev: torch.device):
-    """Recreate the (never stored) buffers on the device; any parameter still on meta is a layout bug."""
+def finish(model, dev: torch.device | Mapping[str, torch.device]):
+    """Recreate the (never stored) buffers on the device (or each component's device); any parameter still on meta
+    is a layout bug."""
     model.materialize_buffers(dev)
     left = [n for n, p in model.named_parameters() if p.is_meta]
     if left:

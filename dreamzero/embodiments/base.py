@@ -39,6 +39,9 @@ from dreamzero.types import ModelBatch
 from dreamzero_client.wire.openpi import OPENPI_CONTROL_KEYS  # the one list of the wire
 
 #: RLinf-style rollout dict keys (env outputs); mapped onto the embodiment's own keys
+#: the largest magnitude a normalised state may have: training data lies within about +-1 after q99 normalisation, and
+#: a value far beyond (a finite 1e30) overflows the model's first layer into NaN actions (issue 45)
+MAX_NORMALISED_STATE = 1e4
 ROLLOUT_KEYS = ("main_images", "wrist_images", "extra_view_images", "states", "task_descriptions")
 
 
@@ -365,7 +368,15 @@ class Embodiment:
                 f"{self.tag}: stitch() made a {canvas.shape[2:4]} canvas, canvas_hw says {self.canvas_hw}"
             )
         # 2. state: q99 per key in concat order, zero padded with a mask
-        normalised = np.concatenate([self.state_normalisers[k].normalise(parsed.state[k]) for k in self.state_keys], -1)
+        per_key = [self.state_normalisers[k].normalise(parsed.state[k]) for k in self.state_keys]
+        for key, values in zip(self.state_keys, per_key):
+            if not np.isfinite(values).all() or (values.size and np.abs(values).max() > MAX_NORMALISED_STATE):
+                raise InvalidObservation(
+                    f"{key}: beyond +-{MAX_NORMALISED_STATE:g} once normalised by the checkpoint's statistics (its "
+                    "training range maps to about +-1): check the state's units",
+                    field=key,
+                )
+        normalised = np.concatenate(per_key, -1)
         state, state_mask = pad_with_mask(normalised, self.max_state_dim)
         # 3. prompts
         prompts = self._prompts(instructions, parsed)
@@ -423,4 +434,12 @@ class Embodiment:
         # 3. gripper rule
         for rule in self.gripper_rules:
             per_key[rule.action_key] = rule(per_key[rule.action_key])
-        return np.concatenate([per_key[k] for k in self.action_keys], axis=-1).astype(np.float32)
+        out = np.concatenate([per_key[k] for k in self.action_keys], axis=-1).astype(np.float32)
+        if not np.isfinite(out).all():  # a NaN / inf action must never reach a robot
+            rows = sorted({int(r) for r in np.argwhere(~np.isfinite(out))[:, 0]})
+            raise InvalidObservation(
+                f"actions: the robot actions of row(s) {rows[:8]} are NaN or infinite and were not sent; an input "
+                "far outside the training range causes this: check the observation",
+                field="actions",
+            )
+        return out

@@ -12,6 +12,7 @@ loader and writer, and the layout test, all go through it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -21,6 +22,7 @@ from dreamzero.model.image_encoder import CLIPImageEncoder
 from dreamzero.model.release import RELEASE_PREFIX, ReleaseTensor
 from dreamzero.model.text_encoder import T5TextEncoder
 from dreamzero.model.vae import WanVAE
+from dreamzero.placement import Placement
 
 _COMPONENT_PREFIX = {"model": "model.", "text_encoder": "text_encoder.", "image_encoder": "image_encoder.model."}
 _COMPONENT_PREFIX["vae"] = "vae.model."
@@ -43,6 +45,7 @@ class DreamZeroModel(nn.Module):
         self.text_encoder = T5TextEncoder(cfg.text_encoder, text_len=cfg.dit.text_len)
         self.image_encoder = CLIPImageEncoder(cfg.image_encoder) if cfg.image_encoder is not None else None
         self.vae = WanVAE(cfg.vae)
+        self.placement = Placement()  # where the loader put each component (dreamzero.placement)
 
     # -- construction ------------------------------------------------------------------------------------------------
 
@@ -71,12 +74,15 @@ class DreamZeroModel(nn.Module):
         return model.eval().requires_grad_(False)
 
     def materialize_buffers(self, device) -> None:
-        """Recreate non-persistent buffers (never stored in checkpoints) on `device` after a meta build."""
-        for module in (self.image_encoder, self.vae, self.model):
+        """Recreate non-persistent buffers (never stored in checkpoints) on `device` after a meta build; `device` may
+        also map component ("model", "text_encoder", "image_encoder", "vae") -> device (`Placement.devices`)."""
+        devices = device if isinstance(device, Mapping) else dict.fromkeys(_COMPONENT_PREFIX, device)
+        for attr in ("image_encoder", "vae", "model"):
+            module = getattr(self, attr)
             if module is not None and hasattr(module, "materialize_buffers"):
-                module.materialize_buffers(device)
+                module.materialize_buffers(devices[attr])
         left = [n for n, b in self.named_buffers() if b.is_meta]
-        if left and torch.device(device).type != "meta":
+        if left and all(torch.device(d).type != "meta" for d in devices.values()):
             raise RuntimeError(f"buffers left on the meta device (add them to a materialize_buffers hook): {left}")
 
     # -- layout ------------------------------------------------------------------------------------------------------

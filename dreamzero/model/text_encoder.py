@@ -105,6 +105,11 @@ class T5TextEncoder(nn.Module):
         self.text_len = text_len
         self.t5 = UMT5EncoderModel(umt5_config(cfg))
         self.tokenizer = None  # attached by the checkpoint loader / embedded default (plain attribute, no weights)
+        # placement (dreamzero.placement): run unpadded (a CPU-placed encoder), or compute on another device than the
+        # weights' one, block by block (`offload_to`)
+        self.trim_padding = False
+        self.offload_device: torch.device | None = None
+        self.offload_stats: dict[str, int] = {}
 
     def release_tensors(self) -> list[ReleaseTensor]:
         """This module's tensors under their Wan names (relative to `action_head.text_encoder.`)."""
@@ -133,7 +138,79 @@ class T5TextEncoder(nn.Module):
     def encode(self, prompts: list[str]) -> torch.Tensor:
         """list[str] -> [B, text_len, d_model]; rows past each prompt's token count are exactly zero."""
         ids, mask = self.tokenize(prompts)
-        device = self.t5.shared.weight.device
-        ids, mask = ids.to(device), mask.to(device)
-        hidden = self.t5(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, d_model]
-        return hidden * mask.unsqueeze(-1).to(hidden.dtype)
+        if self.trim_padding:
+            # padding keys are masked out and the relative bias depends only on distances, so the real tokens' rows
+            # are those of the padded run (up to the matmul's rounding) at a fraction of the flops (25x for a
+            # ~20-token prompt); what matters on a CPU
+            keep = max(int(mask.sum(dim=1).max()), 1)
+            ids, mask = ids[:, :keep], mask[:, :keep]
+        if self.offload_device is not None:
+            hidden = self._encode_offloaded(ids, mask)
+        else:
+            device = self.t5.shared.weight.device
+            ids, mask = ids.to(device), mask.to(device)
+            hidden = self.t5(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, d_model]
+        hidden = hidden * mask.to(hidden.device).unsqueeze(-1).to(hidden.dtype)
+        if hidden.shape[1] < self.text_len:
+            hidden = torch.nn.functional.pad(hidden, (0, 0, 0, self.text_len - hidden.shape[1]))
+        return hidden
+
+    # -- off the GPU -------------------------------------------------------------------------------------------------
+
+    def offload_to(self, device: str | torch.device | None) -> None:
+        """Keep the weights where they are (host memory) and run each encode on `device`, moving one block's weights
+        in just before it runs and dropping them right after: the device holds one or two blocks' weights during an
+        encode (the caching allocator reuses a dropped block's memory once the stream has run it) and none between.
+        The token embedding (a lookup) stays on the host. On CUDA the host weights are pinned so the copies are
+        asynchronous. None: run where the weights are."""
+        if device is None:
+            self.offload_device = None
+            return
+        device = torch.device(device)
+        if device.type == "cuda":
+            for p in self._offloaded_params():
+                if not p.is_pinned():
+                    p.data = p.data.pin_memory()
+        self.offload_device = device
+        self.offload_stats = {"bytes_moved": 0, "max_blocks_resident": 0}
+
+    def _offloaded_modules(self) -> list[nn.Module]:
+        return [*self.t5.encoder.block, self.t5.encoder.final_layer_norm]
+
+    def _offloaded_params(self) -> list[nn.Parameter]:
+        return [p for m in self._offloaded_modules() for p in m.parameters()]
+
+    def _encode_offloaded(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        device = self.offload_device
+        emb = self.t5.shared(ids.to(self.t5.shared.weight.device))  # host lookup: [B, L, d_model]
+        emb, mask = emb.to(device, non_blocking=True), mask.to(device)
+        resident: dict[int, list[tuple[nn.Parameter, torch.Tensor]]] = {}
+        stats = {"bytes_moved": emb.numel() * emb.element_size(), "max_blocks_resident": 0}
+
+        def move_in(module, _args):
+            saved = []
+            for p in module.parameters():
+                saved.append((p, p.data))
+                p.data = p.data.to(device, non_blocking=True, copy=True)  # a copy even on one device: testable
+                stats["bytes_moved"] += p.numel() * p.element_size()
+            resident[id(module)] = saved
+            stats["max_blocks_resident"] = max(stats["max_blocks_resident"], len(resident))
+
+        def move_out(module, _args, _output):
+            for p, host in resident.pop(id(module)):
+                p.data = host  # the device copy is freed here (stream-ordered: safe to reuse after this block)
+
+        hooks = []
+        try:
+            for module in self._offloaded_modules():
+                hooks.append(module.register_forward_pre_hook(move_in))
+                hooks.append(module.register_forward_hook(move_out))
+            hidden = self.t5.encoder(inputs_embeds=emb, attention_mask=mask).last_hidden_state
+        finally:
+            for h in hooks:
+                h.remove()
+            for saved in resident.values():  # an encode that failed midway leaves no weights on the device
+                for p, host in saved:
+                    p.data = host
+        self.offload_stats = stats
+        return hidden

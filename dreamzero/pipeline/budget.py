@@ -10,7 +10,6 @@ warm-up and sessions fit that way (`choose_batch_rows`); `resolve_serving_memory
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,8 +19,15 @@ import torch
 from dreamzero.device import simulated_gpu_bytes
 from dreamzero.device_memory import CudaMemory, DeclaredMemory, MemoryProbe, module_nbytes
 from dreamzero.errors import ConfigError
+from dreamzero.memory_fit import activation_estimate, canvas_for, fit_rows, kv_transient, margin_bytes
 from dreamzero.sizes import parse_bytes
 from dreamzero.types import ModelBatch
+
+__all__ = [
+    "activation_estimate",
+    "canvas_for",
+    "margin_bytes",
+]  # re-exported: the arithmetic lives in dreamzero.memory_fit, shared with the planner
 
 if TYPE_CHECKING:
     from dreamzero.pipeline.core import DreamZeroPipeline
@@ -46,11 +52,6 @@ class SessionBudget:
         )
 
 
-#: copies of its rows' KV caches a multi-row batch holds at once while it runs: the stacked caches, the prefill's new
-#: ones, and the per-session clones (a one-row batch uses its cache as is and only makes the new one)
-KV_COPIES_MULTI_ROW, KV_COPIES_ONE_ROW = 3, 1
-
-
 #: `batching.max_batch_rows: auto` where no device memory bounds a batch (plain CPU serving): enough rows for the
 #: evaluation clients' usual 8-16 environments per request, and concurrent robots; set a number for larger requests
 CPU_AUTO_ROWS = 32
@@ -58,20 +59,17 @@ CPU_AUTO_ROWS = 32
 AUTO_ROWS_TRIES = 4
 
 
-def margin_bytes(total: int, margin_fraction: float = 0.05) -> int:
-    """Fragmentation and allocator slack kept free: 5 % of the device, at least 1 GiB on devices over 8 GiB."""
-    return max(int(margin_fraction * total), 1 << 30 if total > 8 << 30 else 0)
-
-
-def kv_copies(rows: int) -> int:
-    return KV_COPIES_MULTI_ROW if rows > 1 else KV_COPIES_ONE_ROW
-
-
 def split_budget(
-    free: int, activation_peak: int, rows: int, kv_peak_per_session: int, total: int, margin_fraction: float = 0.05
+    free: int,
+    activation_peak: int,
+    rows: int,
+    kv_peak_per_session: int,
+    total: int,
+    num_layers: int,
+    margin_fraction: float = 0.05,
 ) -> SessionBudget:
-    """The session budget from measured numbers; ConfigError when nothing is left for one session."""
-    transient = kv_copies(rows) * rows * kv_peak_per_session
+    """The session budget from measured numbers (the batch cache copies by `kv_transient`)."""
+    transient = kv_transient(rows, kv_peak_per_session, num_layers)
     margin = margin_bytes(total, margin_fraction)
     budget = free - activation_peak - transient - margin
     return SessionBudget(free, activation_peak, transient, margin, budget)
@@ -81,15 +79,6 @@ def warmup_canvas_hw(pipeline: DreamZeroPipeline) -> tuple[int, int]:
     """The frame size a warm-up sends: the model's input size when it resizes, else the canvas whose latent grid gives
     `frame_seqlen` tokens, the factorisation closest to the 1:2 canvases of the shipped embodiments (DROID 352x640)."""
     return canvas_for(pipeline.dit_cfg, pipeline.config, getattr(pipeline.model.vae, "spatial_factor", 8))
-
-
-def canvas_for(cfg, pipeline_cfg, sf: int) -> tuple[int, int]:
-    """`warmup_canvas_hw` from the configs alone (DiTConfig, PipelineConfig, the VAE's spatial factor)."""
-    if pipeline_cfg.model_input_hw is not None:
-        return tuple(pipeline_cfg.model_input_hw)
-    pairs = [(a, cfg.frame_seqlen // a) for a in range(1, cfg.frame_seqlen + 1) if cfg.frame_seqlen % a == 0]
-    gh, gw = min(pairs, key=lambda p: abs(math.log(p[1] / p[0]) - math.log(2)))
-    return gh * cfg.patch_size[1] * sf, gw * cfg.patch_size[2] * sf
 
 
 def warmup_batch(pipeline: DreamZeroPipeline, rows: int, canvas_hw: tuple[int, int], step: int = 0) -> ModelBatch:
@@ -106,6 +95,28 @@ def warmup_batch(pipeline: DreamZeroPipeline, rows: int, canvas_hw: tuple[int, i
     )
 
 
+def device_weight_bytes(model) -> int:
+    """Bytes of the model's weights on the serving device: all of them but the components its placement keeps in host
+    memory (`model.placement`, set by the loader; fp8 weights count one byte each)."""
+    total = module_nbytes(model)
+    placement = getattr(model, "placement", None)
+    for name in ("text_encoder", "image_encoder"):
+        module = getattr(model, name, None)
+        if placement is not None and module is not None and getattr(placement, name) != "gpu":
+            total -= module_nbytes(module)
+    return total
+
+
+def offload_transient(pipeline: DreamZeroPipeline) -> int:
+    """Device bytes an offloaded text encoder holds while it encodes (two blocks), 0 for any other placement."""
+    from dreamzero.placement import text_encoder_cost
+
+    placement = getattr(pipeline.model, "placement", None)
+    if placement is None or placement.text_encoder != "offload" or getattr(pipeline.model, "config", None) is None:
+        return 0
+    return int(text_encoder_cost(pipeline.model.config, "offload", dtype=pipeline.dtype)["device_transient_bytes"])
+
+
 def memory_probe(pipeline: DreamZeroPipeline) -> MemoryProbe | None:
     """The probe of the pipeline's device: CUDA's, a declared capacity when this CPU simulates a GPU
     ($DREAMZERO_SIMULATED_GPU), else None (plain CPU serving: no device memory to fit)."""
@@ -114,23 +125,10 @@ def memory_probe(pipeline: DreamZeroPipeline) -> MemoryProbe | None:
     capacity = simulated_gpu_bytes()
     if capacity is None:
         return None
-    weights = module_nbytes(pipeline.model)
+    weights = device_weight_bytes(pipeline.model)
     return DeclaredMemory(
         capacity, lambda: weights + pipeline.store.nbytes(), f"simulated GPU of {capacity / 2**30:.3g} GiB"
     )
-
-
-def activation_estimate(dit, pipeline_cfg, rows: int, element_size: int) -> int:
-    """Bytes a DiT forward of `rows` sessions holds while it runs, by the accounting (what the declared device counts
-    for a warm-up; CUDA measures it): per CFG row and query token the hidden states, q / k / v, attention output,
-    residual and modulation copies (~8 x dim) and the FFN's hidden layer; the keys and values over the cache plus the
-    new tokens; the cross-attention keys and values of the text and image context."""
-    branches = 1 if pipeline_cfg.cfg_scale == 1.0 else 2
-    tokens = dit.num_frame_per_block * dit.frame_seqlen + dit.num_action_per_block + dit.num_state_per_block
-    kv_tokens = dit.max_attention_frames * dit.frame_seqlen + tokens
-    context = dit.text_len + (257 if dit.has_image_input else 0)
-    per_row = tokens * (8 * dit.dim + dit.ffn_dim) + 2 * kv_tokens * dit.dim + 2 * context * dit.dim
-    return rows * branches * per_row * element_size
 
 
 def accounted_warmup_peak(pipeline: DreamZeroPipeline, rows: int, canvas_hw) -> int:
@@ -142,7 +140,7 @@ def accounted_warmup_peak(pipeline: DreamZeroPipeline, rows: int, canvas_hw) -> 
     kv = fp.parts[second]["kv_cache"]
     element_size = torch.empty((), dtype=pipeline.dtype).element_size()
     act = activation_estimate(pipeline.dit_cfg, pipeline.config, rows, element_size)
-    return rows * fp.by_chunk[second] + kv_copies(rows) * rows * kv + act
+    return rows * fp.by_chunk[second] + kv_transient(rows, kv, pipeline.dit_cfg.num_layers) + act
 
 
 def warmup_peak(pipeline: DreamZeroPipeline, rows: int, canvas_hw, probe: MemoryProbe) -> int:
@@ -182,7 +180,11 @@ def measure_session_budget(
     free, total = probe.mem_info()
     parts = pipeline.footprint(pipeline.canvas_hw(canvas_hw)).parts
     kv_peak = max(p["kv_cache"] for p in parts)
-    return split_budget(int(free), int(peak), rows, kv_peak, int(total), margin_fraction)
+    split = split_budget(int(free), int(peak), rows, kv_peak, int(total), pipeline.dit_cfg.num_layers, margin_fraction)
+    extra = offload_transient(pipeline)
+    return SessionBudget(
+        split.free, split.activation_peak + extra, split.kv_transient, split.margin, split.budget - extra
+    )
 
 
 def resolve_session_budget(spec, pipeline: DreamZeroPipeline, rows: int, log=print, probe=None) -> int | None:
@@ -199,7 +201,8 @@ def resolve_session_budget(spec, pipeline: DreamZeroPipeline, rows: int, log=pri
     footprint = pipeline.footprint(pipeline.canvas_hw(canvas))
     one, kv_peak = footprint.peak, max(p["kv_cache"] for p in footprint.parts)
     free, total = probe.mem_info()
-    before = split_budget(int(free), 0, rows, kv_peak, int(total))  # the warm-up itself must not be what OOMs
+    layers = pipeline.dit_cfg.num_layers
+    before = split_budget(int(free), 0, rows, kv_peak, int(total), layers)  # the warm-up itself must not OOM
     if before.budget < rows * one:
         raise ConfigError(
             f"batching.max_batch_rows={rows}: a batch of {rows} full-window sessions needs "
@@ -233,58 +236,20 @@ def choose_batch_rows(pipeline: DreamZeroPipeline, max_sessions: int, max_bytes,
     one, kv = fp.peak, max(p["kv_cache"] for p in fp.parts)
     free, total = probe.mem_info()
     # a 1-row warm-up gives the activations per row (they grow with the rows; the accounting says so for a declared
-    # device); a batch of R rows then needs R x (its activations, its warm-up sessions, its copies counted twice as
-    # split_budget does, and the R sessions the budget must hold)
+    # device); the planner's arithmetic then fits the rows with their copies and their own sessions
     second = fp.by_chunk[min(1, len(fp.by_chunk) - 1)]
-    activation = max(0, warmup_peak(pipeline, 1, canvas, probe) - second - KV_COPIES_ONE_ROW * kv)
-    per_row = activation + second + 2 * KV_COPIES_MULTI_ROW * kv + one
-    rows = (free - margin_bytes(total)) // per_row
-    if isinstance(max_bytes, int):
-        rows = min(rows, max_bytes // one)
-    if rows < 1:
+    layers = pipeline.dit_cfg.num_layers
+    activation = max(0, warmup_peak(pipeline, 1, canvas, probe) - second - kv_transient(1, kv, layers))
+    cap = min(max_sessions, max_bytes // one) if isinstance(max_bytes, int) else max_sessions
+    fit = fit_rows(int(free), int(total), one, kv, activation, layers, max(1, cap), None, offload_transient(pipeline))
+    if fit is None:
         raise ConfigError(
             f"batching.max_batch_rows=auto: not one full-window session fits {probe.name} ({free / 2**30:.1f} GiB "
-            f"free after loading; one row needs {per_row / 2**30:.2f} GiB); use a smaller model or a larger GPU"
+            f"free after loading; one row needs {(one + activation) / 2**30:.2f} GiB and a margin of "
+            f"{margin_bytes(total) / 2**30:.1f} GiB); run `dreamzero-plan` for a placement or precision that fits"
         )
+    rows = fit.rows
     return int(min(rows, max_sessions))
-
-
-def check_fit(facts, weights: int, footprint, rows, max_bytes, rows_field: str | None = None) -> None:
-    """At `serve run`, before any replica loads (`facts`: the GPU's `DeviceFacts`, `weights`: bytes loaded,
-    `footprint`: a session's at the warm-up canvas): ConfigError saying what to change when the weights alone, the
-    weights plus a batch of `rows` full-window sessions (a number; `auto` / null must hold at least one) with the
-    cache copies the batch makes and the margin, or an explicit `max_bytes` cannot fit the device. `rows_field`: how
-    the message names the rows (default `batching.max_batch_rows=<rows>`)."""
-    total, name, g = facts.total_bytes, facts.name, 2**30
-    if not total:
-        return
-    if weights > total:
-        raise ConfigError(
-            f"model_path: the model holds {weights / g:.1f} GiB of weights at this dtype, more than the "
-            f"{total / g:.1f} GiB of {name}; use a smaller model or a GPU with more memory"
-        )
-    one, kv = footprint.peak, max(p["kv_cache"] for p in footprint.parts)
-    n = rows if isinstance(rows, int) else 1
-    sessions, copies, margin = n * one, kv_copies(n) * n * kv, margin_bytes(total)
-    if weights + sessions + copies + margin > total:
-        field = (rows_field or f"batching.max_batch_rows={rows}") if isinstance(rows, int) else "model_path"
-        fix = "lower it or set it to auto" if isinstance(rows, int) else "use a GPU with more memory"
-        raise ConfigError(
-            f"{field}: {weights / g:.1f} GiB of weights + {n} full-window session(s) {sessions / g:.1f} GiB + their "
-            f"batch cache copies {copies / g:.1f} GiB + margin {margin / g:.1f} GiB exceed the {total / g:.1f} GiB "
-            f"of {name}; {fix}"
-        )
-    if isinstance(max_bytes, int):
-        if weights + max_bytes + margin > total:
-            raise ConfigError(
-                f"sessions.max_bytes={max_bytes / g:.1f} GiB + {weights / g:.1f} GiB of weights + margin "
-                f"{margin / g:.1f} GiB exceed the {total / g:.1f} GiB of {name}; lower it or set it to auto"
-            )
-        if max_bytes < n * one:
-            raise ConfigError(
-                f"sessions.max_bytes={max_bytes / g:.2f} GiB holds {max_bytes // one} full-window session(s) of "
-                f"{one / g:.2f} GiB, fewer than one batch of {n}; raise it, lower batching.max_batch_rows or use auto"
-            )
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,11 @@ which rows it could not continue (a state it lost), which then restart on both. 
 group's timeout; a dead or stuck peer raises `PeerLost` instead of hanging, and the group is then unusable (the
 caller reports itself unhealthy).
 
+A group makes one warm exchange when it is built (`BranchGroup.warm_up`: each rank's rank, branch and device type over
+gloo, then one small all-gather on the tensor backend), because NCCL creates its communicator lazily, on the first
+collective: without it, an NCCL init failure (no peer access, /dev/shm too small, mismatched devices) would surface
+in the first robot's first DiT step instead of failing the replica's start.
+
 The group is a raw torch.distributed process group over a TCP store (gloo on CPU, NCCL for the tensors on CUDA),
 not the process-global default one, so two ranks can also live in one process (the tests run them as threads).
 """
@@ -54,7 +59,14 @@ class BranchGroup:
     gloo. `timeout_s` bounds every exchange.
     """
 
-    def __init__(self, store: dist.Store, rank: int, device: torch.device | str = "cpu", timeout_s: float = 60.0):
+    def __init__(
+        self,
+        store: dist.Store,
+        rank: int,
+        device: torch.device | str = "cpu",
+        timeout_s: float = 60.0,
+        warm: bool = True,
+    ):
         if rank not in RANK_BRANCH:
             raise ValueError(f"a CFG-parallel rank is 0 or 1, got {rank}")
         self.rank, self.branch, self.timeout_s = rank, RANK_BRANCH[rank], float(timeout_s)
@@ -72,6 +84,31 @@ class BranchGroup:
         self.exchanges = 0  # per-step exchanges so far (tests and metrics)
         self.exchanged_bytes = 0
         self.wait_s = 0.0  # time spent in collectives: the transfers plus waiting for the other rank
+        self.peer: dict | None = None  # what the other rank said in the warm exchange
+        if warm:
+            self.warm_up()
+
+    def warm_up(self) -> dict:
+        """The join's one exchange on both process groups (module docstring: why); returns the peer's hello.
+        PeerLost (the group closed) when the peer does not answer within the timeout or is no CFG partner of this
+        rank: a different rank number, or another device type (NCCL on one side, gloo on the other)."""
+        hello = {"rank": self.rank, "branch": self.branch, "device": self.device.type}
+        try:
+            peer = self._objects_gather(hello)[1 - self.rank]
+            if (peer.get("rank"), peer.get("device")) != (1 - self.rank, self.device.type):
+                self.broken = f"the peer is no CFG partner of rank {self.rank} on {self.device.type}: {peer}"
+                raise PeerLost(self.broken)
+            probe = torch.full((1,), float(self.rank), device=self.device)
+            parts = [torch.empty_like(probe) for _ in range(2)]
+            self._run(lambda: self._tensors.allgather([parts], [probe]), "the warm-up tensor")
+            if [float(t.item()) for t in parts] != [0.0, 1.0]:
+                self.broken = f"the warm-up all-gather returned {[float(t.item()) for t in parts]}, not [0.0, 1.0]"
+                raise PeerLost(self.broken)
+        except PeerLost:
+            self.close()
+            raise
+        self.peer = peer
+        return peer
 
     def close(self) -> None:
         """Let go of both process groups (a group left to the interpreter's exit may abort it)."""

@@ -80,7 +80,8 @@ def start_sessions(pipe: Pipeline, rows: list[Row], anchors: torch.Tensor, timer
     g = len(rows)
     if cfg.has_image_input:
         with timer("clip"):
-            clip = pipe.model.image_encoder.encode(anchors.to(pipe.dtype)).to(pipe.dtype)  # [G, 257, image_dim]
+            # the encoder may sit on the CPU (placement.image_encoder): its features come back to the serving device
+            clip = pipe.model.image_encoder.encode(anchors.to(pipe.dtype)).to(pipe.device, pipe.dtype)  # [G,257,D]
     vae_states = [None] * g
     with timer("vae"):
         if cfg.has_image_input and cfg.concat_first_frame_latent:

@@ -97,10 +97,12 @@ class DreamZeroPipeline:
         session_max_bytes: int | None = None,
         layout: str | None = None,
         config=None,
+        placement=None,
     ) -> DreamZeroPipeline:
         """Load a checkpoint (None: the embedded tiny default) and wrap it with a session store.
 
-        `layout` / `config`: as `dreamzero.checkpoint.load_model` takes them (None: detect / the checkpoint's own).
+        `layout` / `config` / `placement`: as `dreamzero.checkpoint.load_model` takes them (None: detect / the
+        checkpoint's own / everything on `device` in `dtype`).
 
         `overrides` replaces PipelineConfig fields by name (e.g. {"dynamic_skip": True}); the session store holds at
         most `max_sessions` sessions and `session_max_bytes` bytes of their tensors, evicting idle ones.
@@ -112,7 +114,13 @@ class DreamZeroPipeline:
 
             model_path = default_model_dir()
         model = load_model(
-            model_path, device=device, dtype=dtype, tokenizer_path=tokenizer_path, layout=layout, config=config
+            model_path,
+            device=device,
+            dtype=dtype,
+            tokenizer_path=tokenizer_path,
+            layout=layout,
+            config=config,
+            placement=placement,
         )
         config = apply_overrides(model.config.pipeline, overrides)
         store = SessionStore(max_sessions=max_sessions, ttl_s=session_ttl_s, max_bytes=session_max_bytes)

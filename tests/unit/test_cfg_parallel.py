@@ -324,3 +324,32 @@ def test_a_rank1_failure_mid_call_ends_rank1_and_bad_input_does_not(models):
     finally:
         g0.close()
         rank.pipeline.branch_group.close()
+
+
+def test_the_pair_makes_one_warm_exchange_when_it_joins(models):
+    """Building a group exchanges once on both process groups (NCCL's communicator is created there on a GPU): each
+    rank knows its peer before any call, and nothing of that counts as a per-step exchange."""
+    g0, g1 = groups(10.0)
+    try:
+        assert g0.peer == {"rank": 1, "branch": "uncond", "device": "cpu"}
+        assert g1.peer == {"rank": 0, "branch": "cond", "device": "cpu"}
+        assert g0.collectives == g1.collectives == 3 and g0.exchanges == g1.exchanges == 0  # two object, one tensor
+        assert g0.broken is None and g1.broken is None
+    finally:
+        g0.close()
+        g1.close()
+
+
+def test_a_peer_that_leaves_before_the_warm_exchange_fails_the_join_not_a_call():
+    """Rank 1 builds its process groups and leaves without the warm exchange (an init that failed there): rank 0's
+    join raises PeerLost within its timeout, so a replica's start fails instead of its first robot's request."""
+
+    def rank1(port):
+        group = BranchGroup(tcp_store("127.0.0.1", port, 1, 5.0), 1, timeout_s=5.0, warm=False)
+        group.close()
+        return group
+
+    master = tcp_store("127.0.0.1", 0, 0, 5.0)
+    out, errors = run_both(lambda _: BranchGroup(master, 0, timeout_s=5.0), rank1, 0, master.port, limit_s=60.0)
+    assert 1 in out and isinstance(errors.get(0), PeerLost), errors
+    assert "rank 1" in str(errors[0])

@@ -61,11 +61,11 @@ def test_parse_bytes_rejects_nonsense(value):
 
 def test_split_budget_keeps_activations_batch_copies_and_margin():
     g = 2**30
-    one = split_budget(free=100 * g, activation_peak=6 * g, rows=1, kv_peak_per_session=5 * g, total=141 * g)
-    assert one.kv_transient == 5 * g and one.margin == int(0.05 * 141 * g)
-    assert one.budget == 100 * g - 6 * g - 5 * g - one.margin and "session budget" in one.describe()
-    four = split_budget(free=100 * g, activation_peak=6 * g, rows=4, kv_peak_per_session=5 * g, total=141 * g)
-    assert four.kv_transient == 3 * 4 * 5 * g and four.budget < one.budget
+    one = split_budget(100 * g, 6 * g, rows=1, kv_peak_per_session=5 * g, total=141 * g, num_layers=40)
+    assert 0 < one.kv_transient < g and one.margin == int(0.05 * 141 * g)  # a layer or two of one session's cache
+    assert one.budget == 100 * g - 6 * g - one.kv_transient - one.margin and "session budget" in one.describe()
+    four = split_budget(100 * g, 6 * g, rows=4, kv_peak_per_session=5 * g, total=141 * g, num_layers=40)
+    assert one.kv_transient < four.kv_transient < 4 * g and four.budget < one.budget
 
 
 def test_serving_config_fields():

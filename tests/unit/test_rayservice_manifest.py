@@ -103,9 +103,10 @@ def test_the_cluster_has_a_gpu_less_head_and_one_gpu_per_policy_replica(capsys):
         c = container(group)
         assert c["image"] == IMAGE
         assert {"name": "serve", "containerPort": 8000} in c["ports"]
-        assert c["volumeMounts"] == [{"name": "models", "mountPath": "/models", "readOnly": True}]
-        (volume,) = group["template"]["spec"]["volumes"]
+        assert {"name": "models", "mountPath": "/models", "readOnly": True} in c["volumeMounts"]
+        (volume,) = [v for v in group["template"]["spec"]["volumes"] if v["name"] == "models"]
         assert volume["persistentVolumeClaim"] == {"claimName": "dreamzero-models", "readOnly": True}
+        assert shm_of(group)["medium"] == "Memory"  # NCCL and Ray's object store need more than Kubernetes' 64 MiB
     assert {p["name"] for p in container(head)["ports"]} >= {"gcs-server", "dashboard", "client"}
 
 
@@ -113,8 +114,39 @@ def test_without_a_checkpoint_nothing_is_mounted_and_the_idle_gpus_are_named(cap
     assert render_rayservice.main([]) == 0
     captured = capsys.readouterr()
     head, workers = pods(yaml.safe_load(captured.out))  # the embedded default is in the image
-    assert "volumes" not in head["template"]["spec"] and "volumes" not in workers["template"]["spec"]
+    for group in (head, workers):  # /dev/shm only
+        assert [v["name"] for v in group["template"]["spec"]["volumes"]] == ["dshm"]
     assert "policy.num_gpus is 0" in captured.err and "--model-path sets policy.num_gpus: 1" in captured.err
+
+
+def shm_of(group: dict) -> dict:
+    """The emptyDir mounted at /dev/shm in a group's pod."""
+    (mount,) = [m for m in container(group)["volumeMounts"] if m["mountPath"] == "/dev/shm"]
+    (volume,) = [v for v in group["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    return volume["emptyDir"]
+
+
+def test_a_cfg_parallel_replica_fits_one_worker_pod_with_a_memory_backed_shm(capsys, tmp_path):
+    """`cfg_parallel: 2` asks Ray for a STRICT_PACK placement group of two bundles (serve_graph/builder.py): the
+    worker pod must hold both, or the replica stays pending forever."""
+    from serve_graph.builder import policy_options
+
+    config = with_policy(tmp_path, {"num_gpus": 1, "cfg_parallel": 2})
+    manifest = render(capsys, config, *EXAMPLE_ARGS)
+    _, workers = pods(manifest)
+    limits = container(workers)["resources"]["limits"]
+    args = copy.deepcopy(serve_config(manifest)["applications"][0]["args"])
+    args["model_path"] = resolve_model_path("embedded:small-scene1")  # a path that exists here, nothing else changed
+    opts = policy_options(parse_app_args(args))
+    bundles = opts["placement_group_bundles"]
+    assert opts["placement_group_strategy"] == "STRICT_PACK" and len(bundles) == 2
+    assert sum(b.get("GPU", 0) for b in bundles) <= int(limits["nvidia.com/gpu"]) == 2
+    assert sum(b.get("CPU", 0) for b in bundles) <= float(limits["cpu"])
+    assert shm_of(workers) == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert workers["replicas"] == 1  # one replica, both of its ranks in one pod
+    # a pod too small for both ranks is refused, naming the knob
+    assert render_rayservice.main([str(config), *EXAMPLE_ARGS, "--gpus-per-worker", "1"]) == 2
+    assert "policy.num_gpus x policy.cfg_parallel" in capsys.readouterr().err
 
 
 def with_policy(tmp_path: Path, policy: dict, deployments: list | None = None) -> Path:
@@ -154,7 +186,9 @@ def test_worker_count_follows_replicas_and_deployment_overrides(capsys, tmp_path
 
 
 def test_the_renderer_reads_the_defaults_the_config_model_has():
-    assert render_rayservice.POLICY_DEFAULTS == {f: getattr(PolicyArgs(), f) for f in ("num_replicas", "num_gpus")}
+    assert render_rayservice.POLICY_DEFAULTS == {
+        f: getattr(PolicyArgs(), f) for f in ("num_replicas", "num_gpus", "cfg_parallel")
+    }
     bounds = AutoscalingArgs()
     assert render_rayservice.AUTOSCALING_DEFAULTS == {
         f: getattr(bounds, f) for f in render_rayservice.AUTOSCALING_DEFAULTS
@@ -238,7 +272,7 @@ def test_impossible_sizes_fail_with_what_to_change(capsys, tmp_path):
     assert render_rayservice.main([str(config), *EXAMPLE_ARGS, "--gpu-workers", "1"]) == 2
     assert "they need 2 pod(s)" in capsys.readouterr().err
     config = with_policy(tmp_path, {"num_gpus": 2})
-    assert render_rayservice.main([str(config), *EXAMPLE_ARGS]) == 2
+    assert render_rayservice.main([str(config), *EXAMPLE_ARGS, "--gpus-per-worker", "1"]) == 2
     assert "raise --gpus-per-worker" in capsys.readouterr().err
     config = with_policy(tmp_path, {}, deployments=[{"name": "Policy", "autoscaling_config": {"max_replicas": 2}}])
     assert render_rayservice.main([str(config), *EXAMPLE_ARGS, "--gpu-workers", "2"]) == 2

@@ -11,6 +11,10 @@ Flavours (what `decode_body` reports and `encode_body` answers in):
 Safety: markers are decoded by this module, never by msgpack-numpy (which unpickles object arrays). Only bool,
 integer, float and fixed-width string dtypes are accepted. Decoded arrays are read-only views of the body: copy
 before writing.
+
+Bounds: every decode counts what it builds and refuses a body past its `DecodeLimits` (values in all, the longest
+container, nesting) before the object graph grows (`dreamzero_client.wire.limits`); a server decodes large bodies
+with `decode_body_async` (a small thread pool) so that no body holds its event loop.
 """
 
 from __future__ import annotations
@@ -23,6 +27,16 @@ import msgpack
 import numpy as np
 
 from dreamzero_client.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from dreamzero_client.wire.limits import (
+    DEFAULT_LIMITS,
+    INLINE_DECODE_BYTES,  # noqa: F401 - re-exported: servers size their inline decodes by it
+    MAX_DEPTH,
+    Budget,
+    DecodeLimits,
+    check_tree,
+    decode_in_worker,
+    prescan_json,
+)
 
 OPENPI = "openpi"
 MSGPACK_NUMPY = "msgpack_numpy"
@@ -36,8 +50,6 @@ JSON_CONTENT_TYPE = "application/json"
 ALLOWED_DTYPE_KINDS = frozenset("biufSU")
 MAX_NDIM = 32
 MAX_DIM = 2**31 - 1
-#: nesting depth of maps/lists a body may have (keeps the tree walk far from Python's recursion limit)
-MAX_DEPTH = 64
 _MAX_DTYPE_STR = 16
 
 
@@ -68,16 +80,27 @@ def content_type_for(flavour: str) -> str:
 # 2. Decoding -----------------------------------------------------------------------------------------------------
 
 
-def decode_body(body: bytes, content_type: str | None, max_bytes: int | None = None) -> tuple[Any, str]:
-    """Decode a request body; returns ``(object, flavour)`` where flavour is one of `FLAVOURS`.
+def decode_body(
+    body: bytes, content_type: str | None, max_bytes: int | None = None, limits: DecodeLimits | None = None
+) -> tuple[Any, str]:
+    """Decode a request body within `limits` (default `DEFAULT_LIMITS`); returns ``(object, flavour)`` where
+    flavour is one of `FLAVOURS`.
 
-    `max_bytes` (optional) turns a longer body into `PayloadTooLarge` before any parsing.
+    `max_bytes` (optional, else `limits.max_bytes`) turns a longer body into `PayloadTooLarge` before any parsing.
     """
-    check_size(body, max_bytes)
+    limits = limits or DEFAULT_LIMITS
+    check_size(body, limits.max_bytes if max_bytes is None else max_bytes)
     flavour = flavour_for_content_type(content_type)
     if flavour == JSON:
-        return decode_json(body), JSON
-    return decode_msgpack(body)
+        return decode_json(body, limits), JSON
+    return decode_msgpack(body, limits)
+
+
+async def decode_body_async(
+    body: bytes, content_type: str | None, limits: DecodeLimits | None = None
+) -> tuple[Any, str]:
+    """`decode_body` through `decode_in_worker`."""
+    return await decode_in_worker(len(body), decode_body, body, content_type, None, limits)
 
 
 def check_size(body: bytes | str, max_bytes: int | None) -> None:
@@ -85,11 +108,13 @@ def check_size(body: bytes | str, max_bytes: int | None) -> None:
         raise PayloadTooLarge(f"body is {len(body)} bytes; this server accepts at most {max_bytes} bytes per request")
 
 
-def decode_json(body: bytes | str) -> Any:
+def decode_json(body: bytes | str, limits: DecodeLimits | None = None) -> Any:
     if not body:
         raise InvalidRequest("empty request body; expected a JSON object")
+    limits = limits or DEFAULT_LIMITS
+    prescan_json(body, limits)
     try:
-        return json.loads(body)
+        obj = json.loads(body)
     except UnicodeDecodeError as e:
         raise InvalidRequest(f"request body is not UTF-8 JSON: {e}") from None
     except json.JSONDecodeError as e:
@@ -98,26 +123,46 @@ def decode_json(body: bytes | str) -> Any:
         raise InvalidRequest("request body is nested too deeply") from None
     except ValueError as e:  # e.g. an integer literal longer than Python converts (4300 digits)
         raise InvalidRequest(f"request body is not valid JSON: {e}") from None
+    check_tree(obj, limits)
+    return obj
 
 
-def decode_msgpack(body: bytes) -> tuple[Any, str]:
-    """Unpack msgpack and replace NumPy markers by arrays; returns ``(object, flavour)``.
+def decode_msgpack(body: bytes, limits: DecodeLimits | None = None) -> tuple[Any, str]:
+    """Unpack msgpack within `limits` and replace NumPy markers by arrays; returns ``(object, flavour)``.
 
     The flavour is the marker family seen first (``"openpi"`` when there is none).
     """
     if not body:
         raise InvalidRequest("empty request body; expected a msgpack map")
+    limits = limits or DEFAULT_LIMITS
+    budget = Budget(limits)
+    n = limits.max_container_len
     try:
-        # raw=False: str stays str, bin stays bytes; strict_map_key=False: marker keys arrive as bytes.
-        obj = msgpack.unpackb(body, raw=False, strict_map_key=False, ext_hook=_reject_ext)
+        # raw=False: str stays str, bin stays bytes; strict_map_key=False: marker keys arrive as bytes. The hooks
+        # count each finished container, so a body of empty lists stops at max_objects.
+        obj = msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=False,
+            ext_hook=_reject_ext,
+            list_hook=budget.list_hook,
+            object_pairs_hook=budget.pairs_hook,
+            max_array_len=n,
+            max_map_len=n,
+        )
     except InvalidRequest:
         raise
     except UnicodeDecodeError as e:
         raise InvalidRequest(f"msgpack body holds a string that is not UTF-8: {e}") from None
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as e:
+    except ValueError as e:
+        if "exceeds max_" in str(e):  # the unpacker's own length limits
+            message = f"request body holds a list or map longer than {n} items (decode limit max_container_len)"
+            raise InvalidRequest(message) from None
+        raise InvalidRequest(f"request body is not valid msgpack: {e}") from None
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, TypeError) as e:
         raise InvalidRequest(f"request body is not valid msgpack: {e}") from None
     seen: list[str] = []
-    out = _restore(obj, "", seen, 0)
+    out = _restore(obj, "", seen, 0, limits.max_depth)
     return out, (seen[0] if seen else OPENPI)
 
 
@@ -136,16 +181,33 @@ def _key(k: Any, path: str) -> str:
     raise InvalidRequest(f"map key at '{path or '<body>'}' must be a string, got {type(k).__name__} {k!r}")
 
 
+def clip_repr(value: Any, keep: int = 120) -> str:
+    """`repr(value)` as an error message quotes it: at most `keep` characters (a request's declared shape may be a
+    list of millions of items, and the reply must stay small), without building the whole repr first."""
+    if isinstance(value, (list, tuple)) and len(value) > keep // 2:
+        head = ", ".join(repr(v)[:16] for v in value[:8])
+        return f"[{head}, ... ({len(value)} items)]"
+    if isinstance(value, dict) and len(value) > keep // 2:
+        return f"<a map of {len(value)} items>"
+    text = repr(value) if not isinstance(value, (str, bytes)) or len(value) <= keep else repr(value[:keep])
+    return text if len(text) <= keep else f"{text[:keep]}..."
+
+
+def _short(path: str, keep: int = 120) -> str:
+    """A path as an error message quotes it: deep paths are cut in the middle."""
+    return path if len(path) <= keep else f"{path[: keep // 2]}...{path[-keep // 2 :]}"
+
+
 def _join(path: str, key: str | int) -> str:
     if isinstance(key, int):
         return f"{path}[{key}]"
     return f"{path}.{key}" if path else key
 
 
-def _restore(obj: Any, path: str, seen: list[str], depth: int) -> Any:
+def _restore(obj: Any, path: str, seen: list[str], depth: int, max_depth: int = MAX_DEPTH) -> Any:
     """Walk the unpacked tree: markers -> arrays, map keys -> str. `seen` collects marker flavours in order."""
-    if depth > MAX_DEPTH and isinstance(obj, (dict, list)):
-        raise InvalidRequest(f"'{path}': nested more than {MAX_DEPTH} levels deep")
+    if depth > max_depth and isinstance(obj, (dict, list)):
+        raise InvalidRequest(f"'{_short(path)}': nested more than {max_depth} levels deep (max_depth)")
     if isinstance(obj, dict):
         d = {_key(k, path): v for k, v in obj.items()}
         if "__ndarray__" in d:
@@ -159,10 +221,10 @@ def _restore(obj: Any, path: str, seen: list[str], depth: int) -> Any:
             return _msgpack_numpy(d, path)
         if "complex" in d and "data" in d and len(d) == 2:
             raise InvalidRequest(f"'{path or '<body>'}': complex numbers are not accepted")
-        return {k: _restore(v, _join(path, k), seen, depth + 1) for k, v in d.items()}
+        return {k: _restore(v, _join(path, k), seen, depth + 1, max_depth) for k, v in d.items()}
     if isinstance(obj, list):
         return [
-            _restore(v, _join(path, i), seen, depth + 1) if isinstance(v, (dict, list)) else v
+            _restore(v, _join(path, i), seen, depth + 1, max_depth) if isinstance(v, (dict, list)) else v
             for i, v in enumerate(obj)
         ]
     return obj
@@ -191,7 +253,9 @@ def _dtype(spec: Any, path: str) -> np.dtype:
 def _shape(spec: Any, path: str) -> tuple[int, ...]:
     where = path or "<body>"
     if not isinstance(spec, (list, tuple)) or len(spec) > MAX_NDIM:
-        raise InvalidRequest(f"'{where}': array shape must be a list of at most {MAX_NDIM} integers, got {spec!r}")
+        raise InvalidRequest(
+            f"'{where}': array shape must be a list of at most {MAX_NDIM} integers, got {clip_repr(spec)}"
+        )
     for d in spec:
         if isinstance(d, bool) or not isinstance(d, int) or d < 0 or d > MAX_DIM:
             raise InvalidRequest(f"'{where}': array shape {list(spec)} holds {d!r}; dims must be integers >= 0")

@@ -1,0 +1,128 @@
+"""The shipped trained default with fp8 DiT weights against full precision, in the MuJoCo DROID evaluation.
+
+Both arms run in this process, one after the other, on the same episode seeds and with the settings of the served
+evaluation in docs/training.md (scene 1, `--layouts compact`, `--seed 100000`: episode seeds 101000-101019,
+`--image-size 90 160`, `--open-loop-horizon 24`, `--max-steps 200`): the embedded policy as `dreamzero-eval --policy
+embedded` builds it, and for the fp8 arm the same policy with its DiT's block linears converted by
+`dreamzero.model.fp8.convert_linears_to_fp8_` (the small model runs in fp32 on the CPU: its weights are quantised to
+fp8 and dequantised to fp32 before each matmul).
+
+    python benchmarks/fp8_eval.py --out runs/fp8-eval                 # 20 episodes per arm, print
+    python benchmarks/fp8_eval.py --out runs/fp8-eval --write-docs    # also docs/benchmarks.md "fp8 DiT weights: DROID"
+    python benchmarks/fp8_eval.py --out runs/fp8-eval --write-docs --summaries-only   # docs from a finished run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling helper module
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from serving_common import machine_line, write_section
+
+MODEL = "embedded:small-scene1"
+ARMS = ("full precision", "fp8 DiT weights")
+SECTION = "fp8 DiT weights: DROID evaluation"
+
+
+def build_policy(arm: str):
+    from dreamzero.embedded_default import resolve_model_path
+    from dreamzero.model.fp8 import convert_linears_to_fp8_
+    from dreamzero.policy import EmbeddedPolicy
+    from dreamzero_client.policy import DroidPolicy
+    from eval.policy_links import EmbeddedLink
+
+    embedded = EmbeddedPolicy.load(model_path=resolve_model_path(MODEL), embodiment="oxe_droid")
+    converted = 0
+    if arm == ARMS[1]:
+        converted = convert_linears_to_fp8_(embedded.pipeline.model.model)
+    return DroidPolicy(EmbeddedLink(policy=embedded), session_prefix=f"fp8-eval-{arm.split()[0]}"), converted
+
+
+def run_arm(arm: str, args) -> dict:
+    from eval.mujoco_droid.env import MujocoDroidEnv
+    from eval.runner import EvalConfig, run_evaluation
+
+    policy, converted = build_policy(arm)
+    config = EvalConfig(
+        out_dir=args.out / arm.split()[0],
+        scenes=(1,),
+        episodes_per_scene=args.episodes,
+        open_loop_horizon=24,
+        max_steps=200,
+        seed=100000,
+        record_video=False,
+        extra={"simulator": "mujoco", "policy": "embedded", "layouts": "compact", "arm": arm, "fp8_linears": converted},
+    )
+
+    def env(scene: int):
+        return MujocoDroidEnv(
+            scene, image_size=(90, 160), render_quality="quality", max_episode_steps=200, layouts="compact"
+        )
+
+    start = time.monotonic()
+    try:
+        summary = run_evaluation(env, policy, config)
+    finally:
+        policy.close()
+    print(f"{arm}: {summary['successes']}/{summary['episodes']} in {time.monotonic() - start:.0f} s", flush=True)
+    return summary
+
+
+def section(summaries: dict[str, dict], episodes: int) -> str:
+    lines = [
+        f"The shipped trained default (`{MODEL}`, fp32 on the CPU) in process, MuJoCo scene 1, `--layouts compact`, "
+        f"episode seeds 101000-{101000 + episodes - 1}, `--image-size 90 160 --open-loop-horizon 24 --max-steps 200` "
+        "(the served evaluation's settings, docs/training.md), both arms in one run; the fp8 arm's DiT block linears "
+        'hold float8_e4m3fn weights with per-output-channel scales (docs/model.md, "Reduced precision"), '
+        f"dequantised to fp32 before each matmul. {machine_line()}.",
+        "",
+        "| DiT weights | success | 95% Wilson interval | episodes failed in one arm only |",
+        "|---|---|---|---|",
+    ]
+    wins = {arm: [bool(ep["success"]) for ep in s["episode_records"]] for arm, s in summaries.items()}
+    for arm, s in summaries.items():
+        other = wins[ARMS[1] if arm == ARMS[0] else ARMS[0]]
+        only = [i for i, (a, b) in enumerate(zip(wins[arm], other)) if not a and b]
+        lo, hi = s["ci95"]
+        lines.append(
+            f"| {arm} | {s['successes']} / {s['episodes']} ({s['success_rate']:.0%}) | {lo:.0%}-{hi:.0%} | "
+            f"{', '.join(map(str, only)) or 'none'} |"
+        )
+    lines += ["", "Reproduce: `python benchmarks/fp8_eval.py --out runs/fp8-eval --write-docs`."]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=Path("runs/fp8-eval"), help="each arm's eval outputs go below")
+    ap.add_argument("--episodes", type=int, default=20, help="episodes per arm (seeds 101000 on)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads")
+    ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the section into this file")
+    ap.add_argument("--summaries-only", action="store_true", help="read the arms' summary.json under --out, run none")
+    args = ap.parse_args(argv)
+    if args.episodes < 1:
+        ap.error(f"--episodes: expected >= 1, got {args.episodes}")
+    import torch
+
+    torch.set_num_threads(args.threads)
+    summaries = {}
+    for arm in ARMS:
+        summaries[arm] = (
+            json.loads((args.out / arm.split()[0] / "summary.json").read_text())
+            if args.summaries_only
+            else run_arm(arm, args)
+        )
+    text = section(summaries, args.episodes)
+    print(text)
+    if args.write_docs:
+        write_section(Path(args.write_docs), SECTION, "Written by `benchmarks/fp8_eval.py`.\n\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

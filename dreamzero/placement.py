@@ -1,0 +1,161 @@
+"""Where each component of a DreamZero model lives, and what a placement costs when a session brings a new prompt.
+
+`Placement` is decided by the memory planner (or set in `serve_config.yaml` as `policy.placement`) and honoured by
+the loader (`dreamzero.checkpoint.load_model(..., placement=)`), which streams each component straight onto its own
+device:
+
+- `text_encoder`: "gpu" (the replica's serving device), "cpu" (weights and compute on the host; only the encoded rows
+  cross to the device, and the encoder runs unpadded there, see `T5TextEncoder.trim_padding`) or "offload" (weights
+  in host memory, pinned on CUDA, moved onto the device one block at a time for an encode and released after).
+- `image_encoder`: "gpu" or "cpu" (CLIP runs once per new session, on its first frame).
+- `dit_weights`: "model" (the model dtype) or "fp8" (weight-only float8 Linear weights, quantised while they stream
+  in: `dreamzero.model.fp8`).
+
+The DiT and the VAE always sit on the serving device. Only the text encoder runs solely for a prompt no session has
+brought before (the prompt cache sits in front of it), which is why it is the component worth moving off the GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from dreamzero.errors import ConfigError
+
+TEXT_ENCODER_PLACES = ("gpu", "cpu", "offload")
+IMAGE_ENCODER_PLACES = ("gpu", "cpu")
+DIT_WEIGHTS = ("model", "fp8")
+#: the model's components, as DreamZeroModel names them
+COMPONENTS = ("model", "text_encoder", "image_encoder", "vae")
+
+_ALLOWED = {"text_encoder": TEXT_ENCODER_PLACES, "image_encoder": IMAGE_ENCODER_PLACES, "dit_weights": DIT_WEIGHTS}
+
+#: Milliseconds one UMT5-XXL block (d_model 4096, 64 heads, d_ff 10240) takes on the CPU in bf16, per prompt, by its
+#: token count: measured by `benchmarks/text_encoder_cost.py` on the 2-core CPU of the development machine (the figure
+#: and the machine are in docs/benchmarks.md, "Text encoder off the GPU"). A server CPU with more cores is faster; the
+#: planner reports these as the order of magnitude, not a promise.
+MEASURED_CPU_MS_PER_XXL_LAYER: dict[int, float] = {}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the text encoder and image encoder live, and the DiT's weight precision (module docstring)."""
+
+    text_encoder: str = "gpu"  # "gpu" (the replica's device) | "cpu" | "offload"
+    image_encoder: str = "gpu"  # "gpu" | "cpu"
+    dit_weights: str = "model"  # "model" (the model dtype) | "fp8"
+
+    def __post_init__(self):
+        for name, allowed in _ALLOWED.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ConfigError(f"placement.{name}={value!r}: use one of {list(allowed)}")
+
+    @classmethod
+    def parse(cls, value: Mapping | Placement | None, field: str = "policy.placement") -> Placement:
+        """None -> the default (everything on the GPU, model dtype); a mapping of the fields above (values are
+        case-insensitive strings); a Placement as it is. Anything else fails naming `field` and what is allowed."""
+        if value is None:
+            return cls()
+        if isinstance(value, Placement):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(
+                f"{field} must be a mapping with keys {list(_ALLOWED)}, got {type(value).__name__} {value!r}"
+            )
+        unknown = sorted(str(k) for k in value if k not in _ALLOWED)
+        if unknown:
+            raise ConfigError(f"{field}: unknown key(s) {unknown}; known keys are {list(_ALLOWED)}")
+        out = {}
+        for key, raw in value.items():
+            allowed = _ALLOWED[key]
+            norm = raw.strip().lower() if isinstance(raw, str) else raw
+            if norm not in allowed:
+                raise ConfigError(f"{field}.{key}={raw!r}: use one of {list(allowed)}")
+            out[key] = norm
+        return cls(**out)
+
+    def as_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+    @property
+    def is_default(self) -> bool:
+        return self == Placement()
+
+    def component_device(self, name: str, serving_device: str | torch.device) -> torch.device:
+        """The device a component's weights are stored on: the serving device, or the CPU for a component placed
+        "cpu" or "offload" (an offloaded text encoder still computes on the serving device, block by block)."""
+        if name not in COMPONENTS:
+            raise ValueError(f"unknown component {name!r}; known: {list(COMPONENTS)}")
+        serving_device = torch.device(serving_device)
+        place = {"text_encoder": self.text_encoder, "image_encoder": self.image_encoder}.get(name, "gpu")
+        return serving_device if place == "gpu" else torch.device("cpu")
+
+    def devices(self, serving_device: str | torch.device) -> dict[str, torch.device]:
+        """component -> the device its weights are stored on (`component_device` for each of COMPONENTS)."""
+        return {name: self.component_device(name, serving_device) for name in COMPONENTS}
+
+
+def text_encoder_layer_flops(text_cfg, tokens: int) -> int:
+    """Multiply-adds x 2 of one UMT5 block for one prompt of `tokens` tokens: q/k/v/o projections, the attention
+    scores and their weighted sum, and the gated FFN (wi_0, wi_1, wo)."""
+    d, inner, ff = text_cfg.d_model, text_cfg.num_heads * text_cfg.d_kv, text_cfg.d_ff
+    return 2 * tokens * (4 * d * inner + 2 * tokens * inner + 3 * d * ff)
+
+
+def text_encoder_layer_nbytes(text_cfg, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of one UMT5 block's weights in `dtype` (what the offload path moves onto the device per block)."""
+    d, inner, ff = text_cfg.d_model, text_cfg.num_heads * text_cfg.d_kv, text_cfg.d_ff
+    values = 4 * d * inner + 3 * d * ff + 2 * d + text_cfg.relative_attention_num_buckets * text_cfg.num_heads
+    return values * dtype.itemsize
+
+
+def text_encoder_cost(
+    cfg, where: str, tokens: int = 20, dtype: torch.dtype = torch.bfloat16, text_len: int = 512
+) -> dict[str, float | int | None]:
+    """The cost of encoding one new prompt with the text encoder placed `where` ("gpu" | "cpu" | "offload").
+
+    cfg: a DreamZeroConfig or its TextEncoderConfig. tokens: the prompt's token count (a robot instruction is ~20).
+    Returns flops (the encoder runs padded to `text_len` on the device, unpadded on the CPU), host_to_device_bytes
+    (the offload path's weights per encode, or the CPU path's output rows), device_weight_bytes (resident on the
+    device) and device_transient_bytes (held only during an encode: the offload path's two blocks), and cpu_ms: the
+    CPU's time from MEASURED_CPU_MS_PER_XXL_LAYER when measured for this width and token count, else None.
+    """
+    if where not in TEXT_ENCODER_PLACES:
+        raise ConfigError(f"placement.text_encoder={where!r}: use one of {list(TEXT_ENCODER_PLACES)}")
+    text_cfg = getattr(cfg, "text_encoder", cfg)
+    if hasattr(cfg, "dit"):
+        text_len = cfg.dit.text_len
+    layers, d = text_cfg.num_layers, text_cfg.d_model
+    run_tokens = min(tokens, text_len) if where == "cpu" else text_len
+    layer_bytes = text_encoder_layer_nbytes(text_cfg, dtype)
+    embed_bytes = text_cfg.vocab_size * d * dtype.itemsize
+    all_bytes = layers * layer_bytes + embed_bytes + d * dtype.itemsize  # + the final layer norm
+    rows_bytes = text_len * d * dtype.itemsize
+    out: dict[str, float | int | None] = {
+        "flops": layers * text_encoder_layer_flops(text_cfg, run_tokens),
+        "tokens_run": run_tokens,
+        "host_to_device_bytes": 0,
+        "device_weight_bytes": all_bytes,
+        "device_transient_bytes": 0,
+        "host_weight_bytes": 0,
+        "cpu_ms": None,
+    }
+    if where == "cpu":
+        out.update(host_to_device_bytes=rows_bytes, device_weight_bytes=0, host_weight_bytes=all_bytes)
+        xxl = (d, text_cfg.num_heads * text_cfg.d_kv, text_cfg.d_ff) == (4096, 4096, 10240)
+        if xxl and run_tokens in MEASURED_CPU_MS_PER_XXL_LAYER:
+            out["cpu_ms"] = layers * MEASURED_CPU_MS_PER_XXL_LAYER[run_tokens]
+    elif where == "offload":
+        # every block and the final norm cross per encode; the token embedding stays on the host (a lookup)
+        moved = layers * layer_bytes + d * dtype.itemsize
+        out.update(
+            host_to_device_bytes=moved + text_len * d * dtype.itemsize,
+            device_weight_bytes=0,
+            device_transient_bytes=2 * layer_bytes,
+            host_weight_bytes=all_bytes,
+        )
+    return out
