@@ -9,7 +9,8 @@ fp8 and dequantised to fp32 before each matmul).
 
     python benchmarks/fp8_eval.py --out runs/fp8-eval                 # 20 episodes per arm, print
     python benchmarks/fp8_eval.py --out runs/fp8-eval --write-docs    # also docs/benchmarks.md "fp8 DiT weights: DROID"
-    python benchmarks/fp8_eval.py --out runs/fp8-eval --write-docs --summaries-only   # docs from a finished run
+    python benchmarks/fp8_eval.py --out runs/fp8-eval --arm fp8       # one arm per process, the two in parallel
+    python benchmarks/fp8_eval.py --out runs/fp8-eval --write-docs --summaries-only   # docs from finished arms
 """
 
 from __future__ import annotations
@@ -104,12 +105,16 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the section into this file")
     ap.add_argument("--summaries-only", action="store_true", help="read the arms' summary.json under --out, run none")
+    ap.add_argument("--arm", choices=("both", "full", "fp8"), default="both", help="run one arm only (two processes)")
     args = ap.parse_args(argv)
     if args.episodes < 1:
         ap.error(f"--episodes: expected >= 1, got {args.episodes}")
     import torch
 
     torch.set_num_threads(args.threads)
+    if args.arm != "both":  # one arm in this process (the other in a second one, or already run): no docs
+        run_arm(ARMS[0] if args.arm == "full" else ARMS[1], args)
+        return 0
     summaries = {}
     for arm in ARMS:
         summaries[arm] = (

@@ -28,10 +28,15 @@ def device_memory_bytes(device) -> int | None:
     return device_memory(device)
 
 
+#: what the benchmarks and the tier build: every component on the GPU, the DiT in the model dtype (the planner would
+#: offload the 14B's text encoder on an 80 GB card; these runs materialise the whole model on the device)
+ON_GPU = {"text_encoder": "gpu", "image_encoder": "gpu", "dit_weights": "model"}
+
+
 def _plan(config, capacity: int, dtype, rows="auto", max_sessions: int = 64):
     from dreamzero.planner import plan_serving
 
-    return plan_serving(config, capacity, dtype=dtype, rows=rows, max_sessions=max_sessions)
+    return plan_serving(config, capacity, dtype=dtype, rows=rows, max_sessions=max_sessions, placement=ON_GPU)
 
 
 def largest_rows(config, capacity: int, dtype, max_sessions: int = 64) -> tuple[int, str]:
@@ -52,7 +57,8 @@ def tier_sizes(config, capacity: int, dtype, max_sessions: int = 64) -> list[Siz
         n *= 2
     if top >= 1:
         wanted.add(top)
-    wanted.add(n if n > top else 2 * n)  # one size past what fits
+    if top < max_sessions:  # one size past what fits (none where max_sessions, not memory, capped the rows)
+        wanted.add(n if n > top else 2 * n)
     return [judge(config, capacity, dtype, rows, max_sessions) for rows in sorted(wanted)]
 
 

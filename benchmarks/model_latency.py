@@ -21,6 +21,8 @@ blocks in place, and each chunk runs inside `compiled_only(model, pipe.compiled)
 own mode compiled (the `compiled` column says what ran compiled). `--section` names the docs section written.
 """
 
+# Longer than ~400 lines on purpose: measuring a row, reading Dynamo and rendering it are one figure's definition.
+
 from __future__ import annotations
 
 import argparse
@@ -256,7 +258,7 @@ def measure_mode(model, name: str, mode: dict, args, hw, batch: int) -> dict:
         "session_mb": session_mb,
         "session_peak_mb": pipe.footprint(pipe.canvas_hw(hw)).peak / 2**20,
     }
-    del pipe
+    pipe.store, pipe._prompt_rows = SessionStore(1), type(pipe._prompt_rows)()  # nothing of this row stays live
     _release(device)
     return row
 
@@ -337,7 +339,7 @@ def write_docs(path: Path, table: str, heading: str = DOC_SECTION, intro: str = 
     path.write_text(text)
 
 
-def batch_sizes(spec: str, model, device: torch.device) -> tuple[list[int], list[str]]:
+def batch_sizes(spec: str, model, device: torch.device, cap: int | None = None) -> tuple[list[int], list[str]]:
     """`--batch` ("1", "1,4", "1,auto") -> the batch sizes and notes; `auto` is the largest batch the memory planner
     allows on this device (benchmarks/gpu_sizing.py), dropped with a note where no device memory bounds it."""
     sizes, notes = [], []
@@ -355,6 +357,9 @@ def batch_sizes(spec: str, model, device: torch.device) -> tuple[list[int], list
             continue
         rows, why = largest_rows(model.config, capacity, model.dtype)
         notes.append(f"batch auto = {rows}: {why}")
+        if cap is not None and rows > cap:
+            notes.append(f"batch auto capped at {cap} (--batch-cap: what this machine affords), not {rows}")
+            rows = cap
         if rows >= 1:
             sizes.append(rows)
     return list(dict.fromkeys(sizes)), notes
@@ -375,6 +380,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device")
     ap.add_argument("--dtype")
     ap.add_argument("--batch", default="1", help="comma-separated batch sizes; auto: the largest the planner allows")
+    ap.add_argument("--batch-cap", type=int, help="the most rows `auto` may choose (a CPU rehearsal's limit)")
     ap.add_argument("--warmup", type=int, default=1, help="continuing chunks timed apart after the first restart")
     ap.add_argument("--repeats", type=int, default=5, help="continuing chunks per row (their median is reported)")
     ap.add_argument("--modes", help="comma-separated step modes to run (default: all)")
@@ -405,7 +411,7 @@ def main(argv=None) -> int:
         device_name = torch.cuda.get_device_name(device)
     else:
         device_name = f"cpu ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
-    sizes, size_notes = batch_sizes(args.batch, model, device)
+    sizes, size_notes = batch_sizes(args.batch, model, device, args.batch_cap)
     notes = [*notes, *size_notes]
     for note in size_notes:
         append_result(args.results, {"note": note, "preset": args.model_path or args.preset})

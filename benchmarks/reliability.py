@@ -1,4 +1,5 @@
-"""Reliability on every path: load, replica kills, scaling, misbehaving clients and a soak (docs/reliability.md).
+"""Reliability on every path: load, replica kills, scaling, misbehaving clients, a soak and attacks on the front
+door (docs/reliability.md).
 
     PYTHONPATH=$PWD/clients python benchmarks/reliability.py                      # everything, 30-minute soak
     PYTHONPATH=$PWD/clients python benchmarks/reliability.py --only load,kill-policy --clients 6 --requests 20
@@ -42,7 +43,15 @@ SERVER_ARGS = {
     "batching": {"max_batch_size": 8, "batch_wait_timeout_s": 0.01},
     # the door's own bounds, as shipped: Serve's proxy timeout stays off (it would end every WebSocket connection at
     # that age), and a request body that has not arrived within request_timeout_s is a 408 from the door
-    "http": {"ws_idle_timeout_s": 10.0, "request_timeout_s": 60.0},
+    "http": {
+        "ws_idle_timeout_s": 10.0,
+        "request_timeout_s": 60.0,
+        # every client here comes from one address without a key, which the connection caps count as one caller
+        # (docs/serving.md, "Connections and request slots"): room for all of them; `bombs` and `slots` use the
+        # shipped caps with two tenants (reliability_attacks.attack_args)
+        "ws_max_per_tenant": 24,
+        "body_reads_per_tenant": 24,
+    },
     # every raw request crosses all four deployments, so a Preprocess kill is felt (the shipped `auto` transforms
     # usual sizes in the ingress, where a Preprocess kill touches only large requests)
     "preprocess": {"placement": "replicas"},
@@ -68,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--soak-pause-s", type=float, default=0.5, help="pause between a soak client's calls")
     p.add_argument("--rss-bound-mib", type=float, default=64.0, help="largest RSS growth per replica after warm-up")
     p.add_argument("--rss-interval-s", type=float, default=15.0, help="RSS / session sampling period of the soak")
+    p.add_argument("--bomb-mib", type=float, default=64.0, help="size of the bomb bodies (the body limit: 64)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     try:
@@ -434,6 +444,19 @@ def scenario_soak(cluster, args) -> dict:
 # 3. Main -----------------------------------------------------------------------------------------------------------
 
 
+def _attack(cluster, args, name: str) -> dict:
+    """The attacks (benchmarks/reliability_attacks.py) on the app with two tenants and the shipped caps, deployed
+    once for both (they run last)."""
+    import reliability_attacks as attacks
+
+    if not getattr(cluster, "attack_app", False):
+        cluster.deploy(attacks.attack_args(SERVER_ARGS), policy_replicas=BASE_POLICY_REPLICAS)
+        cluster.attack_app = True
+    if name == "bombs":
+        return attacks.scenario_bombs(cluster, args)
+    return attacks.scenario_slots(cluster, args, ws_cap=8, idle_s=SERVER_ARGS["http"]["ws_idle_timeout_s"])
+
+
 def print_summary(results: dict) -> None:
     for name, res in results.items():
         if name.startswith("_"):
@@ -467,6 +490,8 @@ def main(argv: list[str] | None = None) -> int:
             "scale": scenario_scale,
             "disconnect": scenario_disconnect,
             "soak": scenario_soak,
+            "bombs": lambda c, a: _attack(c, a, "bombs"),
+            "slots": lambda c, a: _attack(c, a, "slots"),
         }
         for name in args.scenarios:
             t0 = time.monotonic()

@@ -52,6 +52,17 @@ HANDLED_EXCEPTIONS: tuple[type[BaseException], ...] = (
 
 #: message for anything not in the table (the real exception is logged server-side only)
 INTERNAL_MESSAGE = "Internal inference error"
+#: longest message and field name a reply carries: a message may quote what the request sent (a shape list of
+#: millions of items), and a small bad request must get a small reply
+MAX_MESSAGE_CHARS = 1024
+MAX_FIELD_CHARS = 256
+
+
+def clip(text: str | None, limit: int) -> str | None:
+    """`text` cut to `limit` characters, saying how much was cut."""
+    if text is None or len(text) <= limit:
+        return text
+    return f"{text[: limit - 40]}... ({len(text) - limit + 40} more characters)"
 
 
 @dataclass(frozen=True)
@@ -89,7 +100,8 @@ def classify(exc: BaseException, default_retry_after_s: float = 1.0) -> ErrorRep
         return ErrorReply(500, "internal_error", INTERNAL_MESSAGE)
     if isinstance(exc, errors.DreamZeroError):
         retry = getattr(exc, "retry_after_s", None) if status in (429, 503) else None
-        return ErrorReply(status, exc.code, str(exc), getattr(exc, "field", None), retry)
+        message, field = clip(str(exc), MAX_MESSAGE_CHARS), clip(getattr(exc, "field", None), MAX_FIELD_CHARS)
+        return ErrorReply(status, exc.code, message, field, retry)
     # a Ray-side retryable condition: say what happened without leaking internals
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         message = "the request did not finish in time; retry"

@@ -96,7 +96,7 @@ class ReplayStore:
         victims, short = plan_evictions(
             idle, self._count_by_group() + asking, self.max_sessions, excess, set(asking), lambda _: 1, self._group
         )
-        own = [s for s in self.cursors if self._group(s) in asking and s not in session_ids and s not in victims]
+        own = [s for s in self.cursors if self._group(s) in asking and s not in victims]  # storing may take them
         if short > len(own):
             raise CapacityError(
                 f"session slots full: {len(new)} new session(s) need {excess} of sessions.max_sessions="

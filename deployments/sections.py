@@ -303,7 +303,10 @@ class HttpArgs(Strict):
         "calls and health checks always find a slot. null: half of ingress.max_ongoing_requests.",
     )
     body_reads_per_tenant: int = Field(
-        8, ge=1, description="HTTP request bodies one tenant (or client address) may be sending at once, per replica."
+        8,
+        ge=1,
+        description="Slow HTTP request bodies (still arriving after 1 s) one tenant (or client address) may be sending "
+        "at once, per replica; past it 429. Usual bodies arrive well within the second and are never counted.",
     )
     body_timeout_s: float = Field(60.0, gt=0, description="A request body must have arrived within this (408 past it).")
     body_min_bytes_per_s: int = Field(

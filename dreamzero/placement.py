@@ -33,11 +33,12 @@ COMPONENTS = ("model", "text_encoder", "image_encoder", "vae")
 
 _ALLOWED = {"text_encoder": TEXT_ENCODER_PLACES, "image_encoder": IMAGE_ENCODER_PLACES, "dit_weights": DIT_WEIGHTS}
 
-#: Milliseconds one UMT5-XXL block (d_model 4096, 64 heads, d_ff 10240) takes on the CPU in bf16, per prompt, by its
-#: token count: measured by `benchmarks/text_encoder_cost.py` on the 2-core CPU of the development machine (the figure
-#: and the machine are in docs/benchmarks.md, "Text encoder off the GPU"). A server CPU with more cores is faster; the
-#: planner reports these as the order of magnitude, not a promise.
-MEASURED_CPU_MS_PER_XXL_LAYER: dict[int, float] = {}
+#: Core-milliseconds (CPU time on one thread) one UMT5-XXL block (d_model 4096, 64 heads, d_ff 10240) takes in bf16
+#: to encode one prompt, by the tokens it runs (a CPU-placed encoder runs unpadded; 512 = padded). Measured by
+#: `benchmarks/text_encoder_cost.py` on the development machine's CPU (a shared 2-core AMD EPYC VM; figures, date and
+#: load in docs/benchmarks.md, "Text encoder off the GPU"). Another CPU differs: the planner reports the estimate
+#: from these as an order of magnitude, with its basis.
+MEASURED_CPU_CORE_MS_PER_XXL_LAYER: dict[int, float] = {20: 79.0, 32: 90.0, 512: 1288.0}
 
 
 @dataclass(frozen=True)
@@ -114,15 +115,26 @@ def text_encoder_layer_nbytes(text_cfg, dtype: torch.dtype = torch.bfloat16) -> 
 
 
 def text_encoder_cost(
-    cfg, where: str, tokens: int = 20, dtype: torch.dtype = torch.bfloat16, text_len: int = 512
+    cfg,
+    where: str,
+    tokens: int = 20,
+    dtype: torch.dtype = torch.bfloat16,
+    text_len: int = 512,
+    cpu_cores: int = 1,
 ) -> dict[str, float | int | None]:
     """The cost of encoding one new prompt with the text encoder placed `where` ("gpu" | "cpu" | "offload").
 
-    cfg: a DreamZeroConfig or its TextEncoderConfig. tokens: the prompt's token count (a robot instruction is ~20).
-    Returns flops (the encoder runs padded to `text_len` on the device, unpadded on the CPU), host_to_device_bytes
-    (the offload path's weights per encode, or the CPU path's output rows), device_weight_bytes (resident on the
-    device) and device_transient_bytes (held only during an encode: the offload path's two blocks), and cpu_ms: the
-    CPU's time from MEASURED_CPU_MS_PER_XXL_LAYER when measured for this width and token count, else None.
+    cfg: a DreamZeroConfig (its `dit.text_len` replaces `text_len`) or its TextEncoderConfig. tokens: the prompt's
+    token count (a robot instruction is ~20-30). Returns:
+      flops: the encode's (padded to `text_len` on the device, unpadded on the CPU);
+      tokens_run: the tokens it runs;
+      host_to_device_bytes: what crosses to the device per encode (the offload path's block weights and input rows,
+        the CPU path's output rows, nothing for "gpu");
+      device_weight_bytes / host_weight_bytes: the encoder's weights resident on the device / in host memory;
+      device_transient_bytes: device memory held only during an encode (the offload path's two blocks);
+      cpu_ms: for "cpu" with a UMT5-XXL-wide encoder, the time estimated from MEASURED_CPU_CORE_MS_PER_XXL_LAYER
+        (the measured token count nearest `tokens`, scaled by flops, divided by `cpu_cores`, which is optimistic:
+        threads do not scale perfectly); None otherwise or while nothing is measured.
     """
     if where not in TEXT_ENCODER_PLACES:
         raise ConfigError(f"placement.text_encoder={where!r}: use one of {list(TEXT_ENCODER_PLACES)}")
@@ -147,13 +159,15 @@ def text_encoder_cost(
     if where == "cpu":
         out.update(host_to_device_bytes=rows_bytes, device_weight_bytes=0, host_weight_bytes=all_bytes)
         xxl = (d, text_cfg.num_heads * text_cfg.d_kv, text_cfg.d_ff) == (4096, 4096, 10240)
-        if xxl and run_tokens in MEASURED_CPU_MS_PER_XXL_LAYER:
-            out["cpu_ms"] = layers * MEASURED_CPU_MS_PER_XXL_LAYER[run_tokens]
+        if xxl and MEASURED_CPU_CORE_MS_PER_XXL_LAYER:
+            near = min(MEASURED_CPU_CORE_MS_PER_XXL_LAYER, key=lambda n: abs(n - run_tokens))
+            scale = text_encoder_layer_flops(text_cfg, run_tokens) / text_encoder_layer_flops(text_cfg, near)
+            out["cpu_ms"] = layers * MEASURED_CPU_CORE_MS_PER_XXL_LAYER[near] * scale / max(cpu_cores, 1)
     elif where == "offload":
-        # every block and the final norm cross per encode; the token embedding stays on the host (a lookup)
+        # every block and the final norm cross per encode, and the input rows; the token embedding stays on the host
         moved = layers * layer_bytes + d * dtype.itemsize
         out.update(
-            host_to_device_bytes=moved + text_len * d * dtype.itemsize,
+            host_to_device_bytes=moved + rows_bytes,
             device_weight_bytes=0,
             device_transient_bytes=2 * layer_bytes,
             host_weight_bytes=all_bytes,

@@ -4,6 +4,7 @@
     dreamzero-plan --model libero_5b --gpu-memory 24GiB --json
     dreamzero-plan --model droid_14b --gpu-memory 24GiB --cfg-parallel 2
     dreamzero-plan --table                   # both released checkpoints on the five usual cards (markdown)
+    dreamzero-plan --table --write-docs docs/model.md   # regenerate the docs' table
 
 Nothing is loaded: the checkpoint's config is read (any of the three layouts, a preset name or `embedded:<name>`).
 A plan that does not fit exits 1 and says what would; a mistake in the arguments exits 2 with one line.
@@ -61,6 +62,23 @@ def card_table(configs: dict | None = None, max_sessions: int = 128) -> CardTabl
     return table
 
 
+#: the generated table's place in docs/model.md
+TABLE_START, TABLE_END = "<!-- card table: dreamzero-plan --table -->", "<!-- end of card table -->"
+
+
+def write_table(path: str, text: str) -> None:
+    from pathlib import Path
+
+    doc = Path(path)
+    if not doc.is_file():
+        raise ConfigError(f"--write-docs {path}: no such file")
+    body = doc.read_text()
+    if TABLE_START not in body or TABLE_END not in body:
+        raise ConfigError(f"--write-docs {path}: the markers {TABLE_START!r} and {TABLE_END!r} are not there")
+    head, rest = body.split(TABLE_START, 1)
+    doc.write_text(head + TABLE_START + "\n" + text + "\n" + TABLE_END + rest.split(TABLE_END, 1)[1])
+
+
 def format_plan(plan: Plan) -> str:
     """The plan as a person reads it."""
     lines = [f"{plan.checkpoint} on {plan.gpu_memory / G:.1f} GiB per GPU (cfg_parallel {plan.cfg_parallel})"]
@@ -107,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
         ap.add_argument(f"--{name}", default="auto", help=f"policy.placement.{name.replace('-', '_')}: auto|{allowed}")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     ap.add_argument("--table", action="store_true", help="the released checkpoints on the five usual cards (markdown)")
+    ap.add_argument("--write-docs", metavar="MD", help="with --table: replace the table between its markers in MD")
     return ap
 
 
@@ -145,7 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.table:
-            print(card_table(max_sessions=_positive(args.max_sessions, "--max-sessions")).markdown())
+            text = card_table(max_sessions=_positive(args.max_sessions, "--max-sessions")).markdown()
+            if args.write_docs:
+                write_table(args.write_docs, text)
+            print(text)
             return 0
         plan = _plan(args)
     except (ConfigError, CheckpointError) as exc:

@@ -365,7 +365,9 @@ class SessionStore:
         victims, short = plan_evictions(
             idle, self._count_by_group() + asking, self.max_sessions, excess, set(asking), lambda _: 1, self._group
         )
-        own = [s for s in self._sessions if self._group(s) in asking and s not in needs and s not in victims]
+        # storing evicts the group's own sessions even when busy (its continuing rows included): they count as room
+        own = [s for s in self._sessions if self._group(s) in asking and s not in victims]
+        short = int(short)
         if short > len(own):
             self.refusals += 1
             raise CapacityError(

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# One command on a machine with one NVIDIA GPU (sized for an H200): install, then within 8 minutes the GPU test tier
-# (tests/gpu) and the DROID 14B latency benchmark, every figure into the "GPU" section of docs/benchmarks.md
-# (scripts/gpu_check.py holds the stages). `--rehearse` runs every stage on this CPU with a simulated GPU (CI does).
+# One command on a machine with NVIDIA GPUs (an 80 GB H100 or a 141 GB H200): install, then the stages of
+# scripts/gpu_check.py, each in its own process with its own timeout, the most valuable figures first (environment,
+# a torch.compile smoke test, the 14B eager latency, the 14B compiled latency, the GPU tier, robots per GPU, the 5B,
+# the two-GPU CFG-parallel row where two GPUs are present). Every figure is appended to .cache/gpu-check/results.jsonl
+# as soon as it exists and the "GPU" section of docs/benchmarks.md is written after every stage, marked incomplete
+# where a stage did not finish. `--rehearse` runs the stages on this CPU with simulated GPUs (CI does).
 #
 # Install, before the clock starts:
 #   - DREAMZERO_PYTHON=/path/to/python: use that interpreter as it is;
@@ -12,8 +15,8 @@
 #   - else ./scripts/install.sh (a networked machine: the project's .venv); on a GPU machine whose package index does
 #     not answer (the air-gapped box without its wheel folder) it stops at once, saying how to build and carry the
 #     folder, and creates nothing.
-# Other arguments go to scripts/gpu_check.py (--budget-s, --only, --serve-config, --docs; see its --help). Logs:
-# .cache/gpu-check/. The last line says PASS or FAIL <stage>: <why>.
+# Other arguments go to scripts/gpu_check.py (--out, --budget-s, --only, --timeout, --docs; see its --help). Results,
+# logs and the written docs: .cache/gpu-check/ (--out). The last line says PASS or FAIL <stage>: <why>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 label="gpu-check"
@@ -54,27 +57,5 @@ export RAY_AUTH_MODE=disabled PYTHONHASHSEED=0
 export RAY_TMPDIR=${RAY_TMPDIR:-$(mktemp -d /tmp/rayXXXX)}
 export DREAMZERO_CACHE_DIR=${DREAMZERO_CACHE_DIR:-$PWD/.cache/dreamzero}
 
-# 3. where two GPUs are present: the two-GPU row of the CFG-parallel comparison (policy.cfg_parallel: 2; docs/
-#    benchmarks.md "CFG-parallel (two GPUs)"), before the clock and bounded on its own. It needs no Ray (two
-#    torch.distributed ranks over NCCL), so the air-gapped install runs it too.
-cfg2_skip=""
-if [ "$label" != "gpu-check" ]; then
-  cfg2_skip="a rehearsal simulates one GPU"
-elif [ "$(nvidia-smi -L | grep -c '^GPU ')" -lt 2 ]; then
-  cfg2_skip="$(nvidia-smi -L | grep -c '^GPU ') GPU here; the row needs two"
-else
-  for arg in "$@"; do [ "$arg" = "--only" ] && cfg2_skip="--only names the stages to run"; done
-fi
-if [ -n "$cfg2_skip" ]; then
-  echo "gpu-check: CFG-parallel two-GPU row skipped: $cfg2_skip"
-else
-  cfg2_log=.cache/gpu-check/cfg-parallel.txt
-  mkdir -p .cache/gpu-check
-  echo "gpu-check: CFG-parallel two-GPU row: benchmarks/cfg_parallel.py --device cuda (at most ${GPU_CHECK_CFG2_S:-420} s)"
-  timeout "${GPU_CHECK_CFG2_S:-420}" "$PY" benchmarks/cfg_parallel.py --device cuda --write-docs >"$cfg2_log" 2>&1 \
-    || fail cfg-parallel "exit $?: $(tail -1 "$cfg2_log" | cut -c1-300); log: $cfg2_log"
-  tail -5 "$cfg2_log"
-fi
-
-# 4. the stages, each bounded by the time left (the clock starts here)
+# 3. the stages, each in its own process with its own timeout (the clock starts here; scripts/gpu_check.py)
 exec "$PY" scripts/gpu_check.py "$@"

@@ -30,13 +30,16 @@ CANVAS = (64, 128)  # 8x VAE -> 8x16 latent -> 32 tokens per frame
 class LiveBytes(TorchDispatchMode):
     """Bytes of the storages made under this mode (and those `hold` registers) that are still alive; `peak` the most.
 
-    A storage is counted once, when an operator returns it and none of the operator's inputs holds it (a view or an
-    in-place result is not new memory), and uncounted when Python frees it (torch keeps one Python object per
-    storage, so a weak reference sees the storage's own end, not a tensor's).
+    With `last_dims` only storages first made with those trailing dimensions count: (heads, head_dim) picks the KV
+    caches, their stacked rows and copies, and the attention's keys and values (the DiT's other activations and the
+    input frames do not). A storage is counted once, when an operator returns it and none of the operator's inputs
+    holds it (a view or an in-place result is not new memory), and uncounted when Python frees it (torch keeps one
+    Python object per storage, so a weak reference sees the storage's own end, not a tensor's).
     """
 
-    def __init__(self):
+    def __init__(self, last_dims: tuple[int, ...] | None = None):
         super().__init__()
+        self.last_dims = last_dims  # count only tensors made with these trailing dims ((heads, head_dim): K/V)
         self.live = 0
         self.peak = 0
         self._ids: set[int] = set()
@@ -68,6 +71,8 @@ class LiveBytes(TorchDispatchMode):
         inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                if self.last_dims is not None and tuple(t.shape[-len(self.last_dims) :]) != self.last_dims:
+                    continue
                 storage = t.untyped_storage()
                 if id(storage) not in inputs:
                     self._track(storage)
@@ -107,12 +112,13 @@ class _VAE:
         return torch.einsum("bcthw,cz->bzthw", lat, self.proj)
 
 
-def kv_dominated_model(layers: int = 8, max_chunk_size: int = 8):
-    """The tiny DiT, `layers` deep, text-to-video (no CLIP tokens in the context), a window of
-    2 x max_chunk_size + 1 frames of 32 tokens, fp32; stub text and VAE encoders."""
+def kv_dominated_model(layers: int = 8, max_chunk_size: int = 8, dim: int = 256):
+    """The tiny DiT, `layers` deep and `dim` wide, text-to-video (no CLIP tokens in the context), a window of
+    2 x max_chunk_size + 1 frames of 32 tokens, fp32; stub text and VAE encoders: a full window's cache outweighs a
+    chunk's activations and input frames, as the 14B's does."""
     cfg = preset("tiny")
     cfg.dit = dataclasses.replace(
-        cfg.dit, model_type="t2v", in_dim=16, dim=256, num_heads=2, ffn_dim=256, num_layers=layers,
+        cfg.dit, model_type="t2v", in_dim=16, dim=dim, num_heads=dim // 128, ffn_dim=dim, num_layers=layers,
         max_chunk_size=max_chunk_size, frame_seqlen=32,
     )  # fmt: skip
     cfg.pipeline = cfg.pipeline.with_overrides(
@@ -140,11 +146,12 @@ def batch(ids: list[str], t: int, seed: int) -> ModelBatch:
     )
 
 
-def last_chunk_transient(model, rows: int, stagger: bool = False) -> dict:
+def last_chunk_transient(model, rows: int, stagger: bool = False, kv_only: bool = True) -> dict:
     """Run `rows` sessions up to the chunk before their window is full, then measure that call (the largest caches:
     prefill of the observed block into them, denoise over them).
 
     `stagger`: session i is i chunks behind session 0 (rows at different frame positions, front-padded caches).
+    `kv_only`: count the KV-shaped tensors only (`LiveBytes.last_dims`), else every tensor the call makes.
     Returns the live-bytes peak of the call above the larger of the bytes the sessions held before and after it
     (`transient`), the most KV bytes one session holds after the call (`kv_per_session`), and the layers.
     """
@@ -157,9 +164,10 @@ def last_chunk_transient(model, rows: int, stagger: bool = False) -> dict:
             pipe.generate(_rows_at(live, pipe, seed=k))
     call = _rows_at(ids, pipe, seed=100)
     states = [pipe.store.lookup(sid)[0] for sid in ids]
-    with LiveBytes() as meter:
+    dit = model.config.dit
+    with LiveBytes((dit.num_heads, dit.head_dim) if kv_only else None) as meter:
         for s in states:
-            meter.hold(session_tensors(s))
+            meter.hold(s.kv_cache if kv_only else session_tensors(s))
         before = meter.live
         meter.reset_peak()
         res = pipe.generate(call)

@@ -27,6 +27,8 @@ from dreamzero_client.wire import codec, generations, replies, routes
 HEALTHZ_PATH = "/healthz"
 #: the door's name in the per-tenant metrics
 DOOR = "http"
+#: a body still arriving after this long counts against its caller's `http.body_reads_per_tenant`
+SLOW_BODY_S = 1.0
 
 
 def error_flavour(request: Request) -> str:
@@ -54,7 +56,8 @@ class HttpDoor:
         """The body, refused with 413 as soon as it passes the limit (before it is all in memory), with 408 when it
         has not all arrived within `http.body_timeout_s` or arrives slower than `http.body_min_bytes_per_s` after
         `http.body_grace_s` (the door's bounds: Serve's proxy timeout is off, since it would also end every WebSocket
-        connection at that age), and with 429 while the caller is sending `http.body_reads_per_tenant` others."""
+        connection at that age), and with 429 when it is still arriving after `SLOW_BODY_S` while the caller has
+        `http.body_reads_per_tenant` other slow ones (a usual body arrives well within it and is never counted)."""
         limit = self.settings.http.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -62,10 +65,14 @@ class HttpDoor:
         tenant = getattr(getattr(request, "state", None), "tenant", DEFAULT_TENANT)
         client = getattr(request, "client", None)
         caller = caller_of(self.keys, tenant, client.host if client else None)
-        with self.body_reads.hold(caller):
-            return await self._read_chunks(request, limit)
+        counted: list[str] = []  # the caller, once the body is slow and holds one of its slots
+        try:
+            return await self._read_chunks(request, limit, caller, counted)
+        finally:
+            for c in counted:
+                self.body_reads.release(c)
 
-    async def _read_chunks(self, request: Request, limit: int) -> bytes:
+    async def _read_chunks(self, request: Request, limit: int, caller: str, counted: list[str]) -> bytes:
         h = self.settings.http
         bound = min(h.body_timeout_s, h.request_timeout_s)
         knob = "body_timeout_s" if h.body_timeout_s <= h.request_timeout_s else "request_timeout_s"
@@ -73,18 +80,30 @@ class HttpDoor:
         start = loop.time()
         chunks, size = [], 0
         stream = request.stream().__aiter__()
-        while True:
-            # the next chunk must come before the body would fall below the minimum rate, and before the bound
-            by_rate = max(h.body_grace_s, size / h.body_min_bytes_per_s) if h.body_min_bytes_per_s else bound
-            wait = min(bound, by_rate) - (loop.time() - start)
-            try:
-                if wait <= 0:
-                    raise asyncio.TimeoutError
-                chunk = await asyncio.wait_for(stream.__anext__(), wait)
-            except StopAsyncIteration:
-                return b"".join(chunks)
-            except asyncio.TimeoutError:
+        pending: asyncio.Future | None = None  # the next chunk; kept across waits (cancelling it would end the stream)
+        try:
+            while True:
+                # the next chunk must come before the body would fall below the minimum rate, and before the bound
+                by_rate = max(h.body_grace_s, size / h.body_min_bytes_per_s) if h.body_min_bytes_per_s else bound
+                due = min(bound, by_rate) if counted else min(bound, by_rate, SLOW_BODY_S)
+                pending = pending or asyncio.ensure_future(stream.__anext__())
+                done, _ = await asyncio.wait({pending}, timeout=max(0.0, due - (loop.time() - start)))
+                if done:
+                    try:
+                        chunk = pending.result()
+                    except StopAsyncIteration:
+                        return b"".join(chunks)
+                    pending = None
+                    size += len(chunk)
+                    if size > limit:
+                        raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+                    chunks.append(chunk)
+                    continue
                 elapsed = loop.time() - start
+                if not counted and elapsed < min(bound, by_rate):  # slow from now on: it holds one of the caller's
+                    self.body_reads.acquire(caller)
+                    counted.append(caller)
+                    continue
                 if elapsed >= bound:
                     message = f"the request body did not arrive within {bound:g} s (http.{knob})"
                 else:
@@ -92,11 +111,10 @@ class HttpDoor:
                         f"the request body arrives slower than {h.body_min_bytes_per_s} bytes/s "
                         f"(http.body_min_bytes_per_s): {size} bytes in {elapsed:.1f} s"
                     )
-                raise RequestTimeout(message) from None
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
+                raise RequestTimeout(message)
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
 
     def parse(self, body: bytes, content_type: str | None) -> generations.GenerationRequest:
         """Decode and validate a body within the door's decode limits; raises the error that names the bad field."""
@@ -177,6 +195,8 @@ class HttpDoor:
         }
         if (info.memory or {}).get("topology"):  # policy.cfg_parallel: 2: the ranks of one replica and their branch
             entry["topology"] = info.memory["topology"]
+        if (info.memory or {}).get("plan"):  # the memory plan the replica loaded by (dreamzero.planner; on a GPU)
+            entry["plan"] = info.memory["plan"]
         return {"object": "list", "data": [entry]}
 
 

@@ -27,22 +27,24 @@ import numpy as np
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from deployments.auth import tenant_from_header
+from deployments.auth import ConnectionSlots, caller_of, tenant_from_header
 from deployments.error_replies import ws_error_frame
 from deployments.graph_runner import GraphRunner
 from deployments.preprocess import openpi_key_map
 from deployments.routing import ws_session_id
 from deployments.settings import IngressSettings
 from deployments.tenants import DEFAULT_TENANT, UNAUTHENTICATED, TenantKeys
-from dreamzero.errors import InvalidObservation, InvalidRequest, PayloadTooLarge, Unauthorized
+from dreamzero.errors import InvalidObservation, InvalidRequest, PayloadTooLarge, QuotaExceeded, Unauthorized
 from dreamzero_client.wire import codec, generations, openpi
 
 log = logging.getLogger("dreamzero.serve.openpi")
 
 #: frames the model sees per camera after a session's first call (clients send one frame every 8 control steps)
 WS_STACK_FRAMES = 4
-#: close codes (RFC 6455)
-WS_NORMAL, WS_POLICY_VIOLATION, WS_TOO_BIG = 1000, 1008, 1009
+#: close codes (RFC 6455; 1013: try again later)
+WS_NORMAL, WS_POLICY_VIOLATION, WS_TOO_BIG, WS_TRY_LATER = 1000, 1008, 1009, 1013
+#: open WebSockets per replica when the settings leave `http.ws_max_total` unset (the args settle it: half the slots)
+DEFAULT_WS_MAX_TOTAL = 32
 #: a resume token is a connection id: 32 hex digits (uuid4), not guessable
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
 #: the door's name in the per-tenant metrics
@@ -173,6 +175,11 @@ class OpenPISocketServer:
         self.metrics = runner.metrics
         self.key_map: dict[str, str] = openpi_key_map(runner.embodiment)
         self.open_connections = 0
+        h = settings.http
+        # one row per message; the frames of that row may come as nested lists, as the HTTP door allows
+        self.decode_limits = codec.DecodeLimits.for_request(max_rows=1, max_bytes=h.ws_max_message_bytes)
+        total = h.ws_max_total or DEFAULT_WS_MAX_TOTAL
+        self.slots = ConnectionSlots("open WebSockets", h.ws_max_per_tenant, "ws_max_per_tenant", total, "ws_max_total")
 
     async def handshake(self, options: ConnectionOptions | None = None, token: str | None = None) -> dict:
         """The six reference keys; on `handshake=extended` also what else a client may want, and the resume token."""
@@ -209,6 +216,20 @@ class OpenPISocketServer:
             await ws.close(code=WS_POLICY_VIOLATION, reason="missing or wrong API key")
             return
         await ws.accept()
+        caller = caller_of(self.keys, tenant, ws.client.host if ws.client else None)
+        try:
+            self.slots.acquire(caller)
+        except QuotaExceeded as err:  # the caller holds its share of the replica's slots already
+            self.metrics.count_tenant(tenant, DOOR, 429, err.code)
+            await ws.send_bytes(openpi.pack_frame(ws_error_frame(err)))
+            await ws.close(code=WS_TRY_LATER, reason=f"connection cap: http.{err.quota}")
+            return
+        try:
+            await self._serve(ws, reset_text, tenant)
+        finally:
+            self.slots.release(caller)
+
+    async def _serve(self, ws: WebSocket, reset_text: bool, tenant: str) -> None:
         try:
             options = ConnectionOptions.from_query(ws.query_params)
         except InvalidObservation as err:
@@ -220,11 +241,16 @@ class OpenPISocketServer:
         session: WsSession | None = None
         self.open_connections += 1
         self.metrics.ws_connections.set(self.open_connections)
+        loop = asyncio.get_running_loop()
         try:
             await ws.send_bytes(openpi.pack_frame(await self.handshake(options, conn_id)))
+            last_valid = loop.time()  # only a valid message keeps the connection: junk frames do not
             while True:
                 try:
-                    message = await asyncio.wait_for(ws.receive(), self.limits.ws_idle_timeout_s)
+                    left = self.limits.ws_idle_timeout_s - (loop.time() - last_valid)
+                    if left <= 0:
+                        raise asyncio.TimeoutError
+                    message = await asyncio.wait_for(ws.receive(), left)
                 except asyncio.TimeoutError:
                     await ws.close(code=WS_NORMAL, reason="idle timeout")
                     return
@@ -238,7 +264,9 @@ class OpenPISocketServer:
                     await ws.send_bytes(openpi.pack_frame(ws_error_frame(err)))
                     await ws.close(code=WS_TOO_BIG, reason="message too big")
                     return
-                reply, session = await self.message(data, conn_id, session, options, reset_text, tenant)
+                reply, session, valid = await self._message(data, conn_id, session, options, reset_text, tenant)
+                if valid:
+                    last_valid = loop.time()
                 if isinstance(reply, str):
                     await ws.send_text(reply)
                 else:
@@ -267,13 +295,33 @@ class OpenPISocketServer:
     ) -> tuple[bytes | str, WsSession | None]:
         """Handle one frame of a `tenant`'s connection -> (reply frame: bytes, or the reset text; the connection's
         session); errors become an error frame (the socket stays open)."""
+        reply, session, _ = await self._message(data, conn_id, session, options, reset_text, tenant)
+        return reply, session
+
+    def _decode(self, data: bytes | str, default_dict: bool) -> openpi.OpenPIRequest:
+        """A frame -> its request, within the door's decode limits (on a decoding thread when the frame is large)."""
+        if isinstance(data, str):
+            raise InvalidRequest("text frames are not part of the protocol; send binary msgpack frames")
+        msg, flavour = codec.decode_msgpack(data, self.decode_limits)
+        return openpi.parse_openpi_request(msg, flavour, default_dict)
+
+    async def _message(
+        self,
+        data: bytes | str | None,
+        conn_id: str,
+        session: WsSession | None,
+        options: ConnectionOptions | None = None,
+        reset_text: bool = False,
+        tenant: str = DEFAULT_TENANT,
+    ) -> tuple[bytes | str, WsSession | None, bool]:
+        """`message`, and whether the frame was valid (an error frame's does not keep the connection alive)."""
         options = options or ConnectionOptions()
         flavour = codec.OPENPI
         try:
             if data is None:
                 raise InvalidRequest("empty frame; send a binary msgpack map")
-            msg, flavour = openpi.unpack_frame(data)
-            req = openpi.parse_openpi_request(msg, flavour, options.default_dict)
+            req = await codec.decode_in_worker(len(data), self._decode, data, options.default_dict)
+            flavour = req.flavour
             if session is None or session.session_id != req.session_id:
                 if session is not None:
                     await self.drop_session(session.model_id, tenant)  # a new session id restarts: free the old state
@@ -284,8 +332,8 @@ class OpenPISocketServer:
                 session.restart()
                 self.metrics.count_tenant(tenant, DOOR, 200)
                 if reset_text:
-                    return openpi.RESET_TEXT, session
-                return openpi.pack_frame(openpi.OPENPI_RESET_REPLY, flavour), session
+                    return openpi.RESET_TEXT, session, True
+                return openpi.pack_frame(openpi.OPENPI_RESET_REPLY, flavour), session, True
             reply = await self.runner.run(to_generation_request(req, session, self.key_map), tenant=tenant)
             report = reply.sessions[0]
             session.last_step, session.last_incarnation, session.reset_next = report.step, report.incarnation, False
@@ -296,8 +344,9 @@ class OpenPISocketServer:
                 if reply.video is not None:
                     extra["video"] = reply.video[0]  # uint8 [T, H, W, 3]
             self.metrics.count_tenant(tenant, DOOR, 200)
-            return openpi.pack_frame(openpi.infer_reply(reply.actions[0], as_dict, extra), flavour), session
+            return openpi.pack_frame(openpi.infer_reply(reply.actions[0], as_dict, extra), flavour), session, True
         except Exception as exc:  # noqa: BLE001 - reported to the client as an error frame
             frame = ws_error_frame(exc)
             self.metrics.count_tenant(tenant, DOOR, frame["status"], frame.get("code"))
-            return openpi.pack_frame(frame, flavour), session
+            # a well-formed request the server could not answer (busy, over a quota) still shows a live client
+            return openpi.pack_frame(frame, flavour), session, frame["status"] >= 429

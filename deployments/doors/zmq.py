@@ -28,6 +28,7 @@ reports itself unhealthy so Serve replaces it (docs/zmq.md).
 from __future__ import annotations
 
 import asyncio
+import io
 import logging
 import time
 from collections import OrderedDict
@@ -430,9 +431,9 @@ def read_token(payload: bytes) -> str | None:
     """The `api_token` of an RLDX request, read without building its `data` (skipped in C, nothing allocated):
     a caller without a key costs the door no memory. InvalidRequest when the message is not a msgpack map of a few
     string keys or its token / endpoint is not a short string."""
-    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(1, len(payload)), max_str_len=MAX_HEADER_STR,
-                                max_bin_len=0, max_array_len=0, max_map_len=REQUEST_KEYS, max_ext_len=0)  # fmt: skip
-    unpacker.feed(payload)
+    # streamed from the bytes in small reads: the unpacker's buffer stays small whatever the message's size
+    unpacker = msgpack.Unpacker(io.BytesIO(payload), raw=False, read_size=64 * 1024, max_buffer_size=1 << 20,
+                                max_str_len=MAX_HEADER_STR, max_map_len=REQUEST_KEYS)  # fmt: skip
     token = None
     try:
         n = unpacker.read_map_header()

@@ -4,7 +4,7 @@ One self-contained network file. Parameter names equal upstream's `CausalWanMode
 under `action_head.model.`), so a state dict loads with nothing but a prefix strip.
 
 Token sequence of one forward (B rows; a row is one session x one CFG branch):
-    prefill : [video F*S]                       (clean latents, t=0; the new video K/V are returned for the cache)
+    prefill : [video F*S]                       (clean latents, t=0; the new video K/V are the new cache)
     denoise : [video F*S | A action | 1 state]  (noisy latents + registers; the cache is read, never written)
 with S = frame_seqlen tokens per latent frame and A = num_action_per_block.
 
@@ -25,7 +25,7 @@ Shapes: B rows, C latent channels, F latent frames, H x W latent grid, S = (H/2)
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -406,7 +406,7 @@ class Head(nn.Module):
 class DiTOutput:
     video: torch.Tensor  # [B, out_dim, F, H, W] predicted flow (prefill: discarded by the loop)
     action: torch.Tensor | None  # [B, A, action_dim] (denoise only)
-    kv_cache: list[torch.Tensor] | None  # per layer [2, B, Lc', N, d] (prefill only): the caches to keep
+    kv_cache: list[torch.Tensor] | None  # per layer [2, B, Lc', N, d] (prefill without a kv_sink): the caches to keep
     kv_lengths: list[int] | None = None  # per row the valid (trailing) tokens of kv_cache; None: all Lc' valid
 
 
@@ -545,7 +545,7 @@ class CausalWanDiT(nn.Module):
         x: torch.Tensor,
         timestep: torch.Tensor,
         *,
-        kv_cache: list[torch.Tensor] | None,
+        kv_cache: Sequence[torch.Tensor] | None,
         current_start_frame: int | Sequence[int],
         kv_lengths: Sequence[int] | None = None,
         context: torch.Tensor | None = None,
@@ -556,13 +556,17 @@ class CausalWanDiT(nn.Module):
         timestep_action: torch.Tensor | None = None,
         state: torch.Tensor | None = None,
         cross_kv: list[ProjectedContext] | None = None,
+        kv_sink: Callable[[int, torch.Tensor, list[int] | None], None] | None = None,
     ) -> DiTOutput:
         """One prefill (action None) or denoise (action/timestep_action/state given) pass.
 
         x [B, C, F, H, W] latents; timestep [B, F] int per frame; context [B, 512, text_dim] T5 rows (or the
         precomputed `context_emb`); y [B, C_y, F, H, W] first-frame conditioning (i2v); action [B, A, action_dim];
-        timestep_action [B, A]; state [B, 1, max_state_dim]; kv_cache per layer [2, B, Lc, N, d] (None = empty);
+        timestep_action [B, A]; state [B, 1, max_state_dim]; kv_cache per layer [2, B, Lc, N, d] (None = empty), any
+        sequence: a lazy one (the pipeline's `SessionCaches`) makes each layer's only when its block runs;
         cross_kv: per layer the projected context from `cross_kv(context_emb)` (reused across denoising steps).
+        kv_sink (prefill): called with (layer, its new cache, the new `kv_lengths`) as each layer finishes, instead of
+        returning all layers' in the output (`kv_cache` None then): the caller keeps it and lets the old one go.
 
         Rows at different frame positions share one pass: `current_start_frame` per row, and `kv_lengths` the valid
         (trailing) tokens of each row's cache when the caches were front-padded to a common length; the output then
@@ -609,20 +613,29 @@ class CausalWanDiT(nn.Module):
         if len(starts) != b or (kv_lengths is not None and len(kv_lengths) != b):
             raise ValueError(f"{b} rows, {len(starts)} start frames, kv_lengths {kv_lengths}: pass one per row")
         rope = self._rope(f, gh, gw, starts, denoise, tokens.device)
-        cache_len = kv_cache[0].shape[2] if kv_cache else 0
         lengths = None if kv_lengths is None else list(kv_lengths)
-        key_mask, new_lengths = self._key_mask(
-            lengths, cache_len, video_len, tokens.shape[1] - video_len, tokens.device
-        )
         caches = kv_cache if kv_cache is not None else [None] * len(self.blocks)
         crosses = cross_kv if cross_kv is not None else [None] * len(self.blocks)
-        new_caches = []
+        new_caches = [] if not denoise and kv_sink is None else None
+        key_mask = new_lengths = None
         h = tokens
-        for block, cache, cross in zip(self.blocks, caches, crosses):
+        # one layer's cache at a time: a lazy `kv_cache` makes layer i only when its block runs, the sink takes the new
+        # one at once, and neither is kept past its block (a denoise pass's `cat(cache, new)` is never kept)
+        for i, block in enumerate(self.blocks):
+            cache, cross = caches[i], crosses[i]  # by index, not zip: zip's reused tuple would keep the last layer's
+            if i == 0:  # every layer's cache has the same length: the key mask is shared by all layers
+                cache_len = cache.shape[2] if cache is not None else 0
+                key_mask, new_lengths = self._key_mask(
+                    lengths, cache_len, video_len, tokens.shape[1] - video_len, tokens.device
+                )
             h, new_kv = block(
                 h, e6, context_emb, rope, video_len, cache, self.kv_window, self.attention_dtype, cross, key_mask
             )
-            new_caches.append(new_kv)
+            if new_caches is not None:
+                new_caches.append(new_kv)
+            elif not denoise:
+                kv_sink(i, new_kv, new_lengths)
+            cache = new_kv = None  # free this layer's copies before the next layer's are made
 
         # 4. outputs: head + unpatchify on video tokens, decoder on action tokens
         out = self.head(h[:, :video_len], e[:, :video_len])  # [B, Lv, out*p0*p1*p2]

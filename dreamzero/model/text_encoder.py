@@ -13,7 +13,8 @@ Wan names (release checkpoint, under `action_head.text_encoder.`) <-> transforme
 | `norm.weight` | `encoder.final_layer_norm.weight` |
 
 `encode(prompts)` pads to `text_len` (512) tokens and zeroes every row past a prompt's real length, as Wan does:
-the DiT's cross-attention gets no mask.
+the DiT's cross-attention gets no mask. Placed off the GPU (dreamzero.placement), it runs unpadded on the CPU
+(`trim_padding`) or block by block from host memory (`offload_to`), with the same rows up to rounding.
 """
 
 from __future__ import annotations
@@ -181,6 +182,7 @@ class T5TextEncoder(nn.Module):
         return [p for m in self._offloaded_modules() for p in m.parameters()]
 
     def _encode_offloaded(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # calls the stack eagerly (a compiled `t5`, pipeline.compile "all", is bypassed): the copies dominate anyway
         device = self.offload_device
         emb = self.t5.shared(ids.to(self.t5.shared.weight.device))  # host lookup: [B, L, d_model]
         emb, mask = emb.to(device, non_blocking=True), mask.to(device)

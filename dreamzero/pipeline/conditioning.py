@@ -5,7 +5,8 @@
 - A continuing row (`prefill_observed`): the conditioning its next block needs (`extend_conditioning`), VAE of
   [first frame, each new frame twice], then prefill of the last `num_frame_per_block` latents at
   `current_start_frame - num_frame_per_block`.
-Rows of each kind share one forward whatever their frame positions (`batch_cache`); `context_emb` builds the
+Rows of each kind share one forward whatever their frame positions (`batch_cache`: the caches are read and replaced
+layer by layer); `context_emb` builds the
 cross-attention context of any set of rows, the denoise included.
 """
 
@@ -20,7 +21,7 @@ from dreamzero.config import DiTConfig, PipelineConfig
 from dreamzero.errors import ConfigError, InvalidObservation
 from dreamzero.model.dit import CrossContext
 from dreamzero.model.vae import split_state, stack_states
-from dreamzero.pipeline.batch_cache import split_caches, stack_caches
+from dreamzero.pipeline.batch_cache import SessionCaches
 from dreamzero.pipeline.denoise import branch_rows, cfg_row_layout, prefill_block
 from dreamzero.pipeline.rows import Row
 from dreamzero.pipeline.timer import StageTimer
@@ -119,15 +120,15 @@ def start_sessions(pipe: Pipeline, rows: list[Row], anchors: torch.Tensor, timer
         s.current_start_frame = 0
     with timer("prefill"):
         ctx = context_emb(pipe, states, [s.clip_feature for s in states])
-        caches = prefill_block(
+        prefill_block(
             pipe.dit,
             branch_rows(first_latent, len(pipe.branches) > 1).to(pipe.dtype),
             context_emb=ctx,
             kv_cache=None,
             start_frame=0,
             y=branch_rows(y[:, :, :1], len(pipe.branches) > 1) if y is not None else None,
+            write_to=SessionCaches(states, pipe.branches),  # released at the restart: filled layer by layer
         )
-    split_caches(caches, states, pipe.branches)
     for s in states:
         s.current_start_frame = 1
 
@@ -181,12 +182,13 @@ def prefill_observed(pipe: Pipeline, rows: list[Row], frames: torch.Tensor, time
         y = torch.cat([s.y[:, :, st : st + nfpb] for s, st in zip(states, starts)])
     with timer("prefill"):
         ctx = context_emb(pipe, states, [s.clip_feature for s in states])
-        caches = prefill_block(
+        caches = SessionCaches(states, pipe.branches)  # each layer read, then replaced by its new one
+        prefill_block(
             pipe.dit,
             branch_rows(lat, len(pipe.branches) > 1).to(pipe.dtype),
             context_emb=ctx,
-            kv_cache=stack_caches(states),
+            kv_cache=caches,
             start_frame=starts,
             y=branch_rows(y, len(pipe.branches) > 1),
+            write_to=caches,
         )
-    split_caches(caches, states, pipe.branches)

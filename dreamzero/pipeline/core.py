@@ -391,7 +391,7 @@ class DreamZeroPipeline:
                 action_noise=action_noise,
                 state=state,
                 context_emb=ctx,
-                kv_cache=stack_caches(states),
+                kv_cache=stack_caches(states, self.branches),  # stacked layer by layer as the DiT runs
                 start_frame=starts,
                 y=y,
                 action_guide=guide,

@@ -1,8 +1,9 @@
 """The loop on a bare DiT: prefill and denoise of one block for G rows.
 
 `prefill_block` writes clean latents into the KV caches; `denoise_block` runs the two flow-UniPC schedulers (video,
-action) with classifier-free guidance batched into one forward. Neither knows about sessions: the pipeline stacks the
-sessions' caches (`batch_cache`) and the parity test drives these functions with a bare `CausalWanDiT`.
+action) with classifier-free guidance batched into one forward. Neither knows about sessions: the pipeline hands them
+the sessions' caches layer by layer (`batch_cache.SessionCaches`) and the parity test drives them with a bare
+`CausalWanDiT` and caches held whole (`BatchCache`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dreamzero import rtc
 from dreamzero.config import PipelineConfig
 from dreamzero.model.dit import CausalWanDiT, CrossContext
 from dreamzero.model.scheduler import FlowUniPCScheduler
-from dreamzero.pipeline.batch_cache import BatchCache
+from dreamzero.pipeline.batch_cache import BatchCache, SessionCaches
 from dreamzero.pipeline.step_plan import StepPlan
 from dreamzero.sessions import BRANCHES
 
@@ -51,14 +52,16 @@ def prefill_block(
     latents: torch.Tensor,
     *,
     context_emb: CrossContext | torch.Tensor,
-    kv_cache: BatchCache | None,
+    kv_cache: BatchCache | SessionCaches | None,
     start_frame: int | list[int],
     y: torch.Tensor | None = None,
-) -> BatchCache:
+    write_to: SessionCaches | None = None,
+) -> BatchCache | None:
     """Write clean latents [R, z, F, h, w] (t = 0) at `start_frame` (one, or one per row) into the caches.
 
     R rows are whatever the caller batches (typically cond + uncond rows of G sessions); `y` [R, Cy, F, h, w].
-    Returns the new per-layer caches.
+    Returns the new per-layer caches, or with `write_to` stores each layer's in those sessions as soon as the layer
+    is done (replacing the old one: old and new coexist for one layer, not for all) and returns None.
     """
     t = torch.zeros(latents.shape[0], latents.shape[2], dtype=torch.long, device=latents.device)
     out = dit(
@@ -69,8 +72,9 @@ def prefill_block(
         current_start_frame=_starts(start_frame, latents.shape[0]),
         context_emb=context_emb,
         y=y,
+        kv_sink=None if write_to is None else write_to.store,
     )
-    return BatchCache(out.kv_cache, out.kv_lengths)
+    return None if write_to is not None else BatchCache(out.kv_cache, out.kv_lengths)
 
 
 @dataclass
@@ -89,7 +93,7 @@ def denoise_block(
     action_noise: torch.Tensor,
     state: torch.Tensor,
     context_emb: CrossContext | torch.Tensor,
-    kv_cache: BatchCache,
+    kv_cache: BatchCache | SessionCaches,
     start_frame: int | list[int],
     y: torch.Tensor | None = None,
     action_guide: rtc.ActionGuide | None = None,

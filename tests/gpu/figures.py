@@ -2,7 +2,8 @@
 written when it is unset). Standard library only, so `scripts/gpu_check.py` can read what this writes anywhere.
 
 Each line: `{"figure": <name>, "value": <number>, "unit": <str>, "tier": "cuda" | "rehearsal", "preset": <str>,
-"note": <str, optional>}`. `tier` says where the figure was measured: "cuda" on a real GPU, "rehearsal" on a CPU
+"note": <str, optional>, "stage", "card": <gpu-check's stage and simulated card, where set>}`.
+`tier` says where the figure was measured: "cuda" on a real GPU, "rehearsal" on a CPU
 simulating one (`DREAMZERO_SIMULATED_GPU`), where speed figures are CPU times (meaningless as GPU figures) and memory
 figures come from the byte accounting, not from an allocator. A name may appear more than once (its `note` and
 `preset` tell the lines apart: the admission test and the serve run both report `rows_chosen`).
@@ -14,9 +15,12 @@ Names (`NAMES`; `BATCH_NAMES` with the batch size in place of `{rows}`), their u
   and with the DiT on all 16 (the rehearsal: the mask's path and the unmasked one at 2 scheduler steps);
 - `chunk_ms_p50_batch_{rows}`, `chunk_ms_p95_batch_{rows}` (ms; batched chunks): median and 95th percentile of one
   call's chunk with `rows` sessions batched in it;
-- `robots_per_gpu` (robots; batched chunks): robots one GPU computes a chunk for within DROID's 1.6 s chunk period
-  (24 actions at 15 Hz): the largest `rows x floor(1600 ms / p95)` over the batch sizes measured; compute only (what
-  memory allows is `sessions_admitted`);
+- `batch_fits_{rows}` (1; batched chunks): 1 where the planner (`dreamzero.planner`, through
+  benchmarks/gpu_sizing.py) says a batch of `rows` full-window sessions fits the device and the tier timed it, 0 where
+  it does not fit (the note says why) or the rehearsal's CPU cannot afford it (the note says so): the batch sizes are
+  chosen from the device's memory, never a fixed list;
+- `robots_per_gpu` (robots; batched chunks): an estimate from the batched calls, `rows x floor(1600 ms / p95)` at
+  the best size measured; the measured figure is benchmarks/robots_per_gpu.py's (gpu-check's robots stages);
 - `weights_gib` (GiB; every model the in-process tests build): the weights in device memory;
 - `session_peak_gib` (GiB; session memory): a session's peak footprint by its accounting (its fullest window);
   `session_peak_allocated_gib`, CUDA only: the allocator's largest growth over that session's chunks;
@@ -52,7 +56,7 @@ NAMES = {
     "sessions_admitted": "sessions",
 }
 #: per batch size: name pattern -> unit
-BATCH_NAMES = {"chunk_ms_p50_batch_{rows}": "ms", "chunk_ms_p95_batch_{rows}": "ms"}
+BATCH_NAMES = {"chunk_ms_p50_batch_{rows}": "ms", "chunk_ms_p95_batch_{rows}": "ms", "batch_fits_{rows}": "1"}
 
 
 def unit_of(name: str) -> str:
@@ -75,6 +79,10 @@ def record(name: str, value: float, *, tier: str, preset: str, note: str | None 
     if not math.isfinite(value):
         raise ValueError(f"figure {name!r}: {value} is not a finite number")
     line = {"figure": name, "value": value, "unit": unit_of(name), "tier": tier, "preset": preset}
+    # which gpu-check stage and (rehearsing) which simulated card wrote it, where gpu-check runs the tier
+    line |= {
+        k: os.environ[v] for k, v in (("stage", "GPU_CHECK_STAGE"), ("card", "GPU_CHECK_CARD")) if os.environ.get(v)
+    }
     if note:
         line["note"] = note
     path = os.environ.get(FIGURES_ENV)

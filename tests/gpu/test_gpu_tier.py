@@ -1,3 +1,5 @@
+# Longer than ~400 lines on purpose: one tier, one fixture set (the models held one at a time) and one figures file;
+# split, each part would rebuild the 14B (46 GB) on the GPU.
 """The GPU tier (marked `gpu`): run on a CUDA GPU, or rehearsed on a CPU that simulates one; skipped with the reason
 elsewhere, collected everywhere.
 
@@ -22,9 +24,15 @@ What each test shows, on CUDA / in the rehearsal:
     kernels / CPU's, which tests/unit/test_bf16_drift.py bounds tighter);
   - chunk at 8 and 16 steps: a continuing chunk with the 8-step DiT mask and with the DiT on all 16 steps, timed,
     of the 14B / of the 5B slice (the step plans run and are counted; the times are a CPU's);
-  - batched chunks: p50 / p95 of calls batching 1, 2, 4 and 8 sessions (a restart, then continuing chunks as far as
-    device memory allows by the accounting), and how many robots one GPU serves within DROID's 1.6 s chunk period /
-    1 and 2 sessions of the 5B slice at 2 steps: the batched path and the figures' arithmetic, recorded as rehearsal;
+  - batch sizes from the planner: the sizes the tier times for the real 14B on this device's memory (1, powers of
+    two, the planner's rows, and one past them recorded as "does not fit"), each judged by `dreamzero.planner`; the
+    same on CUDA and in the rehearsal (a meta-device plan: no weights), so that an 80 GiB and a 141 GiB card each
+    get their own list;
+  - batched chunks: p50 / p95 of calls batching the planner's batch sizes for this device (a restart, then
+    continuing chunks as far as device memory allows by the accounting; a size the planner or the accounting refuses
+    is recorded as "does not fit", batch_fits_<rows> = 0, not failed), and an estimate of the robots one GPU serves
+    within DROID's 1.6 s chunk period / the 5B slice's sizes at 2 steps, those up to 2 rows timed: the batched path
+    and the figures' arithmetic, recorded as rehearsal;
   - session memory: a 14B session chunk by chunk over its window: the allocator's growth within 5 % of its
     accounting and every part of its state equal to the formula / the 5B slice's session: every part equal to the
     formula and the declared device counting exactly the weights and what the session holds;
@@ -68,8 +76,10 @@ TIER = "cuda" if ON_CUDA else "rehearsal"
 #: the model of the timed chunks and of the batched, memory and admission tests (module docstring: why the 5B slice
 #: on CPU); the 14B slice is what the rehearsal serves
 TIMED = MANY = "droid_14b" if ON_CUDA else "libero_5b_slice"
-#: sessions batched in one call, and the calls timed per batch size
-BATCH_SIZES = (1, 2, 4, 8) if ON_CUDA else (1, 2)
+#: the batch sizes are the planner's for this device (benchmarks/gpu_sizing.py: tier_sizes), never a fixed list; the
+#: rehearsal's CPU times those up to this many rows and records the larger ones as chosen but not run
+REHEARSAL_MAX_ROWS = 2
+#: the calls timed per batch size
 BATCH_CALLS = 4 if ON_CUDA else 2
 #: DROID's chunk period: 24 actions at 15 Hz
 DROID_PERIOD_MS = 1600.0
@@ -295,6 +305,39 @@ def _call_fits(pipe, probe, rows: int, k: int, fp) -> bool:
     return need + margin_bytes(total) <= free
 
 
+def _capacity(pipe) -> int:
+    from benchmarks.gpu_sizing import device_memory_bytes
+
+    capacity = device_memory_bytes(pipe.device)
+    assert capacity is not None, "no device memory: neither CUDA nor DREAMZERO_SIMULATED_GPU"
+    return capacity
+
+
+def test_the_14b_batch_sizes_for_this_card_come_from_the_planner():
+    """The real 14B's batch sizes on this device's memory (a plan from its config alone): every size the tier would
+    time fits by the planner, the largest is the planner's rows, and one past them is recorded as not fitting. An
+    80 GiB card and a 141 GiB card get different lists (the rehearsal runs both); a fixed 1/2/4/8 does not fit 80."""
+    from benchmarks.gpu_sizing import judge, largest_rows, tier_sizes
+    from dreamzero.config import preset
+    from dreamzero.planner import device_memory
+
+    config = preset("droid_14b")
+    capacity = device_memory("cuda" if ON_CUDA else "cpu")
+    assert capacity is not None, "no device memory: neither CUDA nor DREAMZERO_SIMULATED_GPU"
+    top, why = largest_rows(config, capacity, torch.bfloat16)
+    cases = tier_sizes(config, capacity, torch.bfloat16)
+    print(f"\ndroid_14b on {capacity / 2**30:.0f} GiB: {why}; sizes {[(c.rows, c.fits) for c in cases]}")
+    fitting = [c.rows for c in cases if c.fits]
+    assert top >= 1 and max(fitting) == top and all(judge(config, capacity, torch.bfloat16, n).fits for n in fitting)
+    assert [c.fits for c in cases] == [True] * len(fitting) + [False] * (len(cases) - len(fitting)) and len(
+        cases
+    ) > len(fitting)
+    note = _note(f"the planner on {capacity / 2**30:.0f} GiB, whole model on the device: {why}")
+    for c in cases:
+        record(f"batch_fits_{c.rows}", int(c.fits), tier=TIER, preset="droid_14b", note=note if c.fits else c.why)
+    record("rows_chosen", top, tier=TIER, preset="droid_14b", note=note)
+
+
 def test_batched_chunks_latency_and_robots_per_gpu(models):
     """p50 / p95 of one call's chunk for several sessions batched together, and the robots one GPU serves in time.
 
@@ -309,10 +352,23 @@ def test_batched_chunks_latency_and_robots_per_gpu(models):
     fp = pipe.footprint(pipe.canvas_hw(canvas))
     probe = memory_probe(pipe)
     assert probe is not None, "no device-memory probe: neither CUDA nor DREAMZERO_SIMULATED_GPU"
+    from benchmarks.gpu_sizing import tier_sizes
+
     p95 = {}
+    cases = tier_sizes(pipe.model.config, _capacity(pipe), pipe.dtype)
     with _overridden(pipe, {} if ON_CUDA else TWO_STEPS), _fresh_store(pipe):
         plan = f"{pipe.config.num_inference_steps} steps"
-        for n in BATCH_SIZES:
+        for case in cases:
+            n = case.rows
+            if not case.fits or (not ON_CUDA and n > REHEARSAL_MAX_ROWS):
+                why = (
+                    case.why
+                    if not case.fits
+                    else f"fits by the planner; not run: this CPU affords {REHEARSAL_MAX_ROWS}"
+                )
+                print(f"\n{n} session(s) per call: not run ({why})")
+                record(f"batch_fits_{n}", 0, tier=TIER, preset=MANY, note=_note(why))
+                continue
             ids = [f"batch{n}-{i}" for i in range(n)]
             times, positions, k = [], [], 0
             for call in range(BATCH_CALLS):
@@ -330,14 +386,23 @@ def test_batched_chunks_latency_and_robots_per_gpu(models):
                 positions.append(k)
                 k += 1
             pipe.drop_sessions(ids)
-            assert times, f"not even a restart of {n} sessions fits {probe.name}"
+            if not times:  # the planner said it fits; the replica's own accounting (at this moment) does not
+                why = (
+                    f"a restart of {n} sessions does not fit {probe.name} by the accounting (the planner said it fits)"
+                )
+                print(f"\n{n} session(s) per call: {why}")
+                record(f"batch_fits_{n}", 0, tier=TIER, preset=MANY, note=_note(why))
+                continue
+            record(f"batch_fits_{n}", 1, tier=TIER, preset=MANY, note=_note(case.why))
             p50, p95[n] = np.percentile(times, 50), np.percentile(times, 95)
             print(f"\n{n} session(s) per call: p50 {p50:.0f} ms, p95 {p95[n]:.0f} ms over chunks {positions}")
             note = _note(f"{len(times)} calls at chunks {positions}", plan)
             record(f"chunk_ms_p50_batch_{n}", p50, tier=TIER, preset=MANY, note=note)
             record(f"chunk_ms_p95_batch_{n}", p95[n], tier=TIER, preset=MANY, note=note)
             assert 0 < p50 <= p95[n]
-    # batches of n back to back: floor(period / p95) calls per period, n robots each
+    assert p95, f"no batch size ran: {[(c.rows, c.fits, c.why) for c in cases]}"
+    # batches of n back to back: floor(period / p95) calls per period, n robots each (an estimate; the measured
+    # figure is benchmarks/robots_per_gpu.py's)
     robots = max(n * math.floor(DROID_PERIOD_MS / ms) for n, ms in p95.items())
     print(f"robots served within DROID's {DROID_PERIOD_MS:.0f} ms chunk period: {robots}")
     note = _note(f"max over batch sizes {sorted(p95)} of rows x floor(1600 ms / p95); compute only")

@@ -70,7 +70,7 @@ DEPLOYMENT_LAYERS = (
         "shared",
         (
             "deployments.settings", "deployments.sections", "deployments.error_replies", "deployments.metrics",
-            "deployments.routing", "deployments.auth", "deployments.tenants",
+            "deployments.routing", "deployments.auth", "deployments.tenants", "deployments.audit",
         ),
     ),
 )  # fmt: skip

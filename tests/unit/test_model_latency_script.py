@@ -29,6 +29,25 @@ def test_a_tiny_cpu_run_prints_its_table(capsys):
     assert "|" in out and "tiny" in out
 
 
+def test_a_row_is_steady_chunks_with_the_restart_and_the_first_chunks_apart(tmp_path, monkeypatch):
+    """Each row: at least `repeats` continuing chunks (never a restart among them), the restart chunk and the first
+    chunks (the compile, in a compiled mode) timed apart, Dynamo's counters read, the row appended to the results
+    file as soon as it exists, and no session left in any store between rows."""
+    monkeypatch.setenv("GPU_CHECK_STAGE", "eager")
+    results = tmp_path / "results.jsonl"
+    argv = ["--preset", "tiny", "--device", "cpu", "--warmup", "1", "--repeats", "5", "--modes", "8-step mask (upstream)",
+            "--results", str(results)]  # fmt: skip
+    assert model_latency.main(argv) == 0
+    import json
+
+    (row,) = [json.loads(line) for line in results.read_text().splitlines()]
+    assert row["stage"] == "eager" and row["row"] == "8-step mask (upstream)" and row["compiled"] == "none"
+    assert row["chunks"] == 5 and len(row["positions"]) == 5 and row["restarts"] >= 1
+    assert row["positions"] != sorted(row["positions"]) or len(set(row["positions"])) > 1  # the window turned over
+    assert len(row["first_chunks_ms"]) == 1 and row["first_restart_ms"] > 0 and not row["fell_back_to_eager"]
+    assert row["chunk_ms_min"] <= row["chunk_ms"] <= row["chunk_ms_max"]
+
+
 def _args(**kw):
     return SimpleNamespace(**{"preset": "tiny", "model_path": None, "device": "cpu", "dtype": "float32", **kw})
 
@@ -77,12 +96,14 @@ def test_a_none_mode_after_a_dit_mode_runs_no_compiled_block(monkeypatch):
     results = model_latency.measure_all(
         model_latency.build_model(_args()), _args(batch=1, warmup=0, repeats=1), (32, 64), modes
     )
+    assert all(r["graphs"] == 0 for r in results.values())  # the recording wrapper builds no Dynamo graph
     assert {name: r["compiled"] for name, r in results.items()} == {
         "16 steps, compile dit": "dit.blocks",
         "16 steps": "none",
     }
     table = model_latency.render(results, _args(batch=1, warmup=0, repeats=1), model, "cpu")
-    assert "| 16 steps | none |" in table and "| 16 steps, compile dit | dit.blocks |" in table
+    # the recording wrapper built no Dynamo graph: the row says its "compiled" blocks ran eager
+    assert "| 16 steps | none |" in table and "| 16 steps, compile dit | dit.blocks (fell back to eager) |" in table
 
 
 def test_the_benchmark_compiles_for_real():

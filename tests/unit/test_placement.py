@@ -192,7 +192,7 @@ def test_offload_failure_midway_leaves_the_weights_on_the_host(saved):
     assert te.offload_device is None and te.encode(PROMPTS).shape == (3, 512, 32)
 
 
-# -- a whole chunk ------------------------------------------------------------------------------------------------------
+# -- a whole chunk ----------------------------------------------------------------------------------------------------
 
 
 def _batch() -> ModelBatch:
@@ -217,7 +217,7 @@ def test_a_chunk_with_placed_encoders_equals_the_default(saved, placement):
     np.testing.assert_allclose(out.actions, ref.actions, rtol=0, atol=1e-4)
 
 
-# -- the cost model -----------------------------------------------------------------------------------------------------
+# -- the cost model ---------------------------------------------------------------------------------------------------
 
 
 def test_cost_model_counts_the_real_module():
@@ -238,3 +238,51 @@ def test_cost_model_counts_the_real_module():
     assert cpu["flops"] == 24 * text_encoder_layer_flops(cfg.text_encoder, 20) < gpu["flops"] / 25
     with pytest.raises(ConfigError, match="placement.text_encoder"):
         text_encoder_cost(cfg, "disk")
+
+
+# -- fp8 DiT weights, quantised while streaming -----------------------------------------------------------------------
+
+
+def test_fp8_dit_streamed_equals_converted_after_loading(saved):
+    """Quantising each weight as it streams in gives exactly the codes and scales of converting a loaded model."""
+    from dreamzero.model.fp8 import FP8_DTYPE, Fp8Linear, convert_linears_to_fp8_
+
+    streamed = load_model(saved, device="cpu", dtype="float32", placement={"dit_weights": "fp8"})
+    converted = load_model(saved, device="cpu", dtype="float32")
+    n = convert_linears_to_fp8_(converted.model)
+    fp8 = {name: m for name, m in streamed.model.named_modules() if isinstance(m, Fp8Linear)}
+    assert n > 0 and len(fp8) == n and streamed.placement.dit_weights == "fp8"
+    assert all(m.weight.dtype == FP8_DTYPE and m.weight_scale.dtype == torch.float32 for m in fp8.values())
+    mine, ref = converted.model.named_modules(), dict(streamed.model.named_modules())
+    for name, m in mine:
+        if isinstance(m, Fp8Linear):
+            assert torch.equal(ref[name].weight.view(torch.uint8), m.weight.view(torch.uint8)), name
+            assert torch.equal(ref[name].weight_scale, m.weight_scale), name
+    a, b = streamed.state_dict(), converted.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k].view(torch.uint8), b[k].view(torch.uint8)) for k in a if a[k].dtype == FP8_DTYPE)
+    assert all(torch.equal(a[k], b[k]) for k in a if a[k].dtype != FP8_DTYPE)
+    assert streamed.text_encoder.t5.shared.weight.dtype == torch.float32  # only the DiT is quantised
+    fast = {"num_inference_steps": 2, "dit_step_mask": None}
+    pipe = DreamZeroPipeline.load(
+        saved, device="cpu", dtype="float32", overrides=fast, placement={"dit_weights": "fp8"}
+    )
+    assert pipe.dtype == torch.float32
+    out = pipe.generate(_batch())
+    assert np.isfinite(out.actions).all()
+
+
+def test_cpu_time_estimate_scales_the_measured_block(monkeypatch):
+    import dreamzero.placement as placement
+
+    cfg = preset("droid_14b")
+    monkeypatch.setattr(placement, "MEASURED_CPU_CORE_MS_PER_XXL_LAYER", {20: 100.0, 512: 3000.0})
+    assert text_encoder_cost(cfg, "cpu", tokens=20)["cpu_ms"] == pytest.approx(24 * 100.0)
+    assert text_encoder_cost(cfg, "cpu", tokens=20, cpu_cores=4)["cpu_ms"] == pytest.approx(24 * 25.0)
+    flops = text_encoder_layer_flops
+    ratio = flops(cfg.text_encoder, 40) / flops(cfg.text_encoder, 20)
+    assert text_encoder_cost(cfg, "cpu", tokens=40)["cpu_ms"] == pytest.approx(24 * 100.0 * ratio)
+    assert text_encoder_cost(cfg, "gpu")["cpu_ms"] is None
+    assert text_encoder_cost(preset("tiny"), "cpu")["cpu_ms"] is None  # not the measured width
+    monkeypatch.setattr(placement, "MEASURED_CPU_CORE_MS_PER_XXL_LAYER", {})
+    assert text_encoder_cost(cfg, "cpu")["cpu_ms"] is None

@@ -160,3 +160,13 @@ def test_cli_mistakes_are_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_the_docs_table_is_the_planners(table):
+    from pathlib import Path
+
+    from dreamzero.plan_cli import TABLE_END, TABLE_START
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "model.md").read_text()
+    shown = doc.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip()
+    assert shown == table.markdown(), "regenerate: dreamzero-plan --table --write-docs docs/model.md"

@@ -1,0 +1,124 @@
+"""Action drift of each reduced-precision or off-GPU option against fp32 and bf16, in normalised action units.
+
+Options (tests/precision_support.py): the bf16 model; fp8 DiT weights (`dreamzero.model.fp8`, the default rule: the
+Linear layers of the transformer blocks) with fp32 or bf16 activations; fp8 on every Linear of the DiT (to check the
+rule); the text encoder as the CPU placement runs it (unpadded, bf16). Measured on:
+
+- the whole inference loop, 4 chunks of one session (a restart and 3 continuing chunks over the KV cache, the
+  default plan), of the tiny preset (random weights, several seeds) and of the shipped trained default
+  `embedded:small-scene1` (its 8 DROID action dimensions);
+- one denoise forward of the first chunk of the 14B-shaped and 5B-shaped slices' DiT (`droid_14b_slice`,
+  `libero_5b_slice`: the real widths and token counts, one block; bf16 weights as a release stores them, T5 rows
+  from the slice's own text encoder).
+
+    python benchmarks/precision_drift.py                 # print
+    python benchmarks/precision_drift.py --write-docs    # also docs/benchmarks.md "Reduced precision: action drift"
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling helper module
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from serving_common import machine_line, write_section
+
+from tests.precision_support import (
+    BF16,
+    OPTIONS,
+    Diff,
+    action_diff,
+    session_drift,
+    shipped_model,
+    slice_forward_actions,
+    tiny_model,
+)
+
+SECTION = "Reduced precision: action drift"
+ALL = (BF16, *OPTIONS)
+
+
+def _cell(d: Diff | None) -> str:
+    return "-" if d is None else f"{d.max_abs:.4f} / {d.mean_abs:.4f}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tiny-seeds", type=int, default=5, help="seeds of the tiny model's session loop")
+    ap.add_argument("--slice-seeds", type=int, default=2, help="seeds (weights and inputs) per slice preset")
+    ap.add_argument("--chunks", type=int, default=4, help="chunks of each session")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads")
+    ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the section into this file")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    start = time.monotonic()
+
+    rows: list[tuple[str, str, dict]] = []  # (what, scale, {option: {ref: Diff}})
+
+    worst: dict[str, dict] = {}
+    scales = []
+    for seed in range(args.tiny_seeds):
+        r = session_drift(tiny_model(seed), ALL, chunks=args.chunks, seed=seed)
+        scales.append(r.pop("fp32")["scale"])
+        for name, refs in r.items():
+            for ref, d in refs.items():
+                prev = worst.setdefault(name, {}).get(ref)
+                worst[name][ref] = d if prev is None else prev.worst(d)
+        print(f"tiny seed {seed} done, {time.monotonic() - start:.0f} s", flush=True)
+    what = f"tiny, {args.chunks}-chunk session, worst of {args.tiny_seeds} seeds"
+    rows.append((what, f"{sum(scales) / len(scales):.2f}", worst))
+
+    r = session_drift(shipped_model(), ALL, chunks=args.chunks, seed=0, dims=8)
+    rows.append(
+        (f"shipped `small-scene1`, {args.chunks}-chunk session (8 DROID dims)", f"{r.pop('fp32')['scale']:.2f}", r)
+    )
+    print(f"shipped model done, {time.monotonic() - start:.0f} s", flush=True)
+
+    for preset_name in ("droid_14b_slice", "libero_5b_slice"):
+        worst = {}
+        scale = []
+        for seed in range(args.slice_seeds):
+            acts = slice_forward_actions(preset_name, OPTIONS, seed=seed)
+            scale.append(float(acts["fp32"].abs().mean()))
+            for option in ALL:
+                for ref in ("fp32", "bf16"):
+                    if option.name == ref:
+                        continue
+                    d = action_diff(acts[ref], acts[option.name])
+                    prev = worst.setdefault(option.name, {}).get(ref)
+                    worst[option.name][ref] = d if prev is None else prev.worst(d)
+            print(f"{preset_name} seed {seed} done, {time.monotonic() - start:.0f} s", flush=True)
+        what = f"`{preset_name}` DiT, one denoise forward, worst of {args.slice_seeds} seeds"
+        rows.append((what, f"{sum(scale) / len(scale):.2f}", worst))
+
+    lines = [
+        "Max abs / mean abs difference of a chunk's normalised actions (all 32 dimensions unless said; `mean |a|`: "
+        "the fp32 actions' mean magnitude, for scale). The session rows compare every chunk of a 4-chunk session "
+        "(a restart, then 3 chunks over the KV cache, the default plan) from the same inputs and noise; the slice "
+        "rows one denoise forward of the first chunk (a full chunk at those widths costs minutes per option on "
+        f"this CPU). {machine_line()}; {time.monotonic() - start:.0f} s in all.",
+        "",
+        "| model, measurement | mean \\|a\\| | option | vs fp32 (max / mean) | vs bf16 (max / mean) |",
+        "|---|---|---|---|---|",
+    ]
+    for what, scale, table in rows:
+        for option in ALL:
+            refs = table.get(option.name, {})
+            lines.append(
+                f"| {what} | {scale} | {option.name} | {_cell(refs.get('fp32'))} | {_cell(refs.get('bf16'))} |"
+            )
+    lines += ["", "Reproduce: `python benchmarks/precision_drift.py --write-docs`."]
+    text = "\n".join(lines)
+    print(text)
+    if args.write_docs:
+        write_section(Path(args.write_docs), SECTION, "Written by `benchmarks/precision_drift.py`.\n\n" + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
