@@ -10,7 +10,7 @@ fp8 and dequantised to fp32 before each matmul).
     python benchmarks/fp8_eval.py --out runs/fp8-eval                 # 20 episodes per arm, print
     python benchmarks/fp8_eval.py --out runs/fp8-eval --write-docs    # also docs/benchmarks.md "fp8 DiT weights: DROID"
     python benchmarks/fp8_eval.py --out runs/fp8-eval --arm fp8       # one arm per process, the two in parallel
-    python benchmarks/fp8_eval.py --out runs/fp8-eval --write-docs --summaries-only   # docs from finished arms
+    python benchmarks/fp8_eval.py --out runs/fp8-eval --write-docs --records-only   # docs from the arms' episodes
 """
 
 from __future__ import annotations
@@ -74,25 +74,42 @@ def run_arm(arm: str, args) -> dict:
     return summary
 
 
-def section(summaries: dict[str, dict], episodes: int) -> str:
+def episode_records(out: Path) -> dict[int, dict]:
+    """An arm's finished episodes (the runner writes each one's JSON as it ends): episode index -> record."""
+    records = {}
+    for path in sorted((out / "episodes").glob("scene1_ep*.json")):
+        rec = json.loads(path.read_text())
+        records[int(rec["episode"])] = {"success": bool(rec["success"]), "seed": rec.get("seed")}
+    return records
+
+
+def section(records: dict[str, dict[int, dict]], planned: int) -> str:
+    """The side-by-side table over the episodes both arms finished (all `planned` of them in a complete run)."""
+    from eval.summary import wilson_interval
+
+    common = sorted(set.intersection(*(set(r) for r in records.values())))
+    if not common:
+        raise SystemExit("no episode finished in both arms yet")
+    seeds = [records[ARMS[0]][i]["seed"] for i in common]
+    cut = "" if len(common) == planned else f" (cut at {len(common)} of the {planned} planned episodes per arm)"
     lines = [
         f"The shipped trained default (`{MODEL}`, fp32 on the CPU) in process, MuJoCo scene 1, `--layouts compact`, "
-        f"episode seeds 101000-{101000 + episodes - 1}, `--image-size 90 160 --open-loop-horizon 24 --max-steps 200` "
-        "(the served evaluation's settings, docs/training.md), both arms in one run; the fp8 arm's DiT block linears "
-        'hold float8_e4m3fn weights with per-output-channel scales (docs/model.md, "Reduced precision"), '
-        f"dequantised to fp32 before each matmul. {machine_line()}.",
+        f"episode seeds {min(seeds)}-{max(seeds)}{cut}, `--image-size 90 160 --open-loop-horizon 24 --max-steps 200` "
+        "(the served evaluation's settings, docs/training.md), the same episodes in both arms; the fp8 arm's DiT "
+        'block linears hold float8_e4m3fn weights with per-output-channel scales (docs/model.md, "Reduced '
+        f'precision"), dequantised to fp32 before each matmul. {machine_line()}.',
         "",
-        "| DiT weights | success | 95% Wilson interval | episodes failed in one arm only |",
+        "| DiT weights | success | 95% Wilson interval | episodes failed in this arm only |",
         "|---|---|---|---|",
     ]
-    wins = {arm: [bool(ep["success"]) for ep in s["episode_records"]] for arm, s in summaries.items()}
-    for arm, s in summaries.items():
-        other = wins[ARMS[1] if arm == ARMS[0] else ARMS[0]]
-        only = [i for i, (a, b) in enumerate(zip(wins[arm], other)) if not a and b]
-        lo, hi = s["ci95"]
+    for arm in ARMS:
+        other = records[ARMS[1] if arm == ARMS[0] else ARMS[0]]
+        wins = sum(records[arm][i]["success"] for i in common)
+        only = [str(i) for i in common if not records[arm][i]["success"] and other[i]["success"]]
+        lo, hi = wilson_interval(wins, len(common))
         lines.append(
-            f"| {arm} | {s['successes']} / {s['episodes']} ({s['success_rate']:.0%}) | {lo:.0%}-{hi:.0%} | "
-            f"{', '.join(map(str, only)) or 'none'} |"
+            f"| {arm} | {wins} / {len(common)} ({wins / len(common):.0%}) | {lo:.0%}-{hi:.0%} | "
+            f"{', '.join(only) or 'none'} |"
         )
     lines += ["", "Reproduce: `python benchmarks/fp8_eval.py --out runs/fp8-eval --write-docs`."]
     return "\n".join(lines)
@@ -104,7 +121,7 @@ def main(argv=None) -> int:
     ap.add_argument("--episodes", type=int, default=20, help="episodes per arm (seeds 101000 on)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads")
     ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the section into this file")
-    ap.add_argument("--summaries-only", action="store_true", help="read the arms' summary.json under --out, run none")
+    ap.add_argument("--records-only", action="store_true", help="tabulate the episodes finished under --out, run none")
     ap.add_argument("--arm", choices=("both", "full", "fp8"), default="both", help="run one arm only (two processes)")
     args = ap.parse_args(argv)
     if args.episodes < 1:
@@ -115,14 +132,10 @@ def main(argv=None) -> int:
     if args.arm != "both":  # one arm in this process (the other in a second one, or already run): no docs
         run_arm(ARMS[0] if args.arm == "full" else ARMS[1], args)
         return 0
-    summaries = {}
-    for arm in ARMS:
-        summaries[arm] = (
-            json.loads((args.out / arm.split()[0] / "summary.json").read_text())
-            if args.summaries_only
-            else run_arm(arm, args)
-        )
-    text = section(summaries, args.episodes)
+    if not args.records_only:
+        for arm in ARMS:
+            run_arm(arm, args)
+    text = section({arm: episode_records(args.out / arm.split()[0]) for arm in ARMS}, args.episodes)
     print(text)
     if args.write_docs:
         write_section(Path(args.write_docs), SECTION, "Written by `benchmarks/fp8_eval.py`.\n\n" + text)

@@ -171,6 +171,7 @@ def main(argv=None) -> int:
     ap.add_argument("--wait-s", type=float, default=0.005, help="batching.batch_wait_timeout_s (shipped: 0.005)")
     ap.add_argument("--steps", type=int, help="pipeline.num_inference_steps (default: the preset's)")
     ap.add_argument("--json", help="write the rows to this JSON file")
+    ap.add_argument("--write-docs", nargs="?", const="docs/benchmarks.md", help="write the table into this file")
     ap.add_argument("--results", help="append each fleet's line to this JSON-lines file as soon as it is measured")
     args = ap.parse_args(argv)
     if args.chunks < 2:
@@ -207,7 +208,48 @@ def main(argv=None) -> int:
     print(f"{name} on {device_name}: {best} robot(s) kept DROID's pace ({note})")
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1))
+    if args.write_docs:
+        write_table(Path(args.write_docs), record, args)
     return 0
+
+
+def write_table(path: Path, record: dict, args) -> None:
+    """This run's table into docs/benchmarks.md, one section per device kind (runs of several presets on CPU append
+    their rows under the same heading)."""
+    from benchmarks.model_latency import write_docs
+
+    if not path.is_absolute():
+        path = Path(__file__).resolve().parents[1] / path
+    heading = "## Robots per GPU (" + ("CPU" if record["device"].startswith("cpu") else "GPU") + ")"
+    steps = f"{args.steps} scheduler steps" if args.steps else "the preset's step plan"
+    rows = [
+        f"| {record['preset']} | {r['robots']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['start_p50_ms']:.0f} | "
+        f"{r['late']} of {r['chunks']} | {'yes' if r['in_time'] else 'no'} | {r['mean_rows_per_call']:.1f} |"
+        for r in record["rows"]
+    ]
+    old = path.read_text() if path.exists() else ""
+    kept = []
+    if heading in old:  # the rows of the other presets already there
+        body = old.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
+        kept = [line for line in body.splitlines() if line.startswith("| ") and not line.startswith("| preset")
+                and not line.startswith(f"| {record['preset']} |")]  # fmt: skip
+    table = [
+        f"{record['device']}, {record['chunks']} chunks per robot every {record['period_s']} s, {steps}, random "
+        f"weights; run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (load average "
+        f"{os.getloadavg()[0]:.1f}). Largest fleet that kept pace: {record['robots_in_time']} ({record['preset']}).",
+        "",
+        "| preset | robots | chunk p50 ms | chunk p99 ms | session start p50 ms | late chunks | every chunk in time | "
+        "rows per call |",
+        "|---|---|---|---|---|---|---|---|",
+        *kept,
+        *rows,
+    ]
+    intro = (
+        "Written by `benchmarks/robots_per_gpu.py --write-docs`: N simulated robots at DROID's pace (a 24-action chunk "
+        "per 1.6 s) through the Policy's batcher against one in-process pipeline; on CPU a check of the method, not a "
+        "GPU figure (the GPU's are in the GPU section)."
+    )
+    write_docs(path, "\n".join(table) + "\n", heading, intro)
 
 
 def fleet_plan(args, model, device) -> tuple[list[int], int | None, str]:

@@ -27,7 +27,8 @@ RECIPE_VERSION = 2  # 2: the local tokenizer gained the negative prompt's words
 _COMPLETE = ".complete"
 _WARNING = (
     "EMBEDDED DEFAULT MODEL IN USE: tiny DreamZero with RANDOM weights at %s. Its actions are MEANINGLESS; "
-    "set model_path to a downloaded DreamZero checkpoint to control a robot."
+    "set model_path (serve_config.yaml), --model-path (dreamzero-eval, dreamzero-export-video) or --init "
+    "(dreamzero-train) to a downloaded DreamZero checkpoint to control a robot."
 )
 
 
@@ -35,6 +36,9 @@ _WARNING = (
 #: metadata.json); a config names one as "embedded:<name>" wherever it takes a model_path
 EMBEDDED_PREFIX = "embedded:"
 SHIPPED_MODELS_DIR = Path(__file__).resolve().parent / "assets" / "models"
+#: the trained model serve_config.yaml serves; also what `EmbeddedPolicy.load()`, `dreamzero-eval --policy embedded`
+#: and `dreamzero-export-video` load when no model is named
+SHIPPED_DEFAULT = "embedded:small-scene1"
 
 
 def shipped_models() -> list[str]:

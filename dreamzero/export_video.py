@@ -11,7 +11,9 @@ Each chunk's predicted frames (`return_video`) show the next block; written out:
 model read, one frame per query frame), `predicted.mp4` (every chunk's predicted frames, one continuous video), and
 `side_by_side.mp4` (predicted | the canvas that followed). Camera videos give no robot state: it is zero, which the
 model reads as a pose (fine for looking at its video, not for its actions). `--model-path` defaults to the shipped
-trained model (embedded:small-scene1).
+trained model (embedded:small-scene1). Its frames are a smear of colour whatever the DiT predicts: it keeps the tiny
+preset's VAE, random and frozen, whose decoder is no inverse of its encoder; a released checkpoint's Wan VAE decodes
+the scene (docs/serving.md, "Offline: dreamzero-export-video"). Progress goes to stderr, the summary JSON to stdout.
 """
 
 from __future__ import annotations
@@ -19,14 +21,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
-from dreamzero.errors import ConfigError
+from dreamzero.cli_help import DefaultsHelpFormatter
+from dreamzero.embedded_default import SHIPPED_DEFAULT as DEFAULT_MODEL
+from dreamzero.errors import ConfigError, DreamZeroError
 
 FRAME_OFFSETS = (-23, -16, -8, 0)
-DEFAULT_MODEL = "embedded:small-scene1"
+
+
+def _stderr(line: str) -> None:
+    """Progress for the person at the terminal; stdout keeps the one JSON summary a script reads."""
+    print(f"dreamzero-export-video: {line}", file=sys.stderr, flush=True)
 
 
 def _read(path: str) -> np.ndarray:
@@ -62,17 +71,23 @@ def episode_from_dataset(root: str, index: int, embodiment, prompt: str | None):
     return episode.views, episode.state, prompt or episode.task
 
 
-def export(policy, views: dict, state: dict, prompt: str, out: Path, chunks: int | None, gif: bool, fps: int) -> dict:
-    """Run the episode chunk by chunk through `policy` (an EmbeddedPolicy) and write the videos; returns a summary."""
+def export(
+    policy, views: dict, state: dict, prompt: str, out: Path, chunks: int | None, gif: bool, fps: int, progress=None
+) -> dict:
+    """Run the episode chunk by chunk through `policy` (an EmbeddedPolicy) and write the videos; returns a summary.
+    `progress`: called with one line per chunk and per file step (None: silent)."""
     from dreamzero.video_recorder import side_by_side, write_mp4
 
+    say = progress or (lambda line: None)
     emb = policy.embodiment
     n = min(len(v) for v in views.values())
     horizon = emb.action_horizon
     steps = list(range(0, n, horizon))[:chunks]
     predicted, inputs, pairs = [], [], []
     hw = None
+    started = time.monotonic()
     for k, step in enumerate(steps):
+        say(f"chunk {k + 1}/{len(steps)} (frame {step} of {n}, {time.monotonic() - started:.0f} s so far)")
         at = [step] if k == 0 else [max(0, step + off) for off in FRAME_OFFSETS]
         obs = {key: v[at][None] for key, v in views.items()}
         obs.update({key: s[step][None].astype(np.float32) for key, s in state.items()})
@@ -85,6 +100,7 @@ def export(policy, views: dict, state: dict, prompt: str, out: Path, chunks: int
         nxt = [min(n - 1, step + horizon + off) for off in FRAME_OFFSETS]
         following, _ = emb.preprocess({**obs, **{key: v[nxt][None] for key, v in views.items()}})
         pairs.append(side_by_side(video, np.asarray(following.images)[0]))
+    say(f"writing the videos to {out}")
     out.mkdir(parents=True, exist_ok=True)
     files = {"input": out / "input.mp4", "predicted": out / "predicted.mp4", "side_by_side": out / "side_by_side.mp4"}
     write_mp4(files["input"], np.concatenate(inputs), max(1, fps // 2))
@@ -110,7 +126,7 @@ def _resize(frames: np.ndarray, hw) -> np.ndarray:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="dreamzero-export-video", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="dreamzero-export-video", description=__doc__, formatter_class=DefaultsHelpFormatter
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--dataset", help="a LeRobot v3.0 dataset folder (with --episode)")
@@ -119,12 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prompt", default=None, help="the instruction (default: the episode's task; required with --video)"
     )
-    p.add_argument("--model-path", default=DEFAULT_MODEL, help="checkpoint or embedded:<name>")
+    p.add_argument("--model-path", default=DEFAULT_MODEL, help="checkpoint or embedded:<name> (default: %(default)s)")
     p.add_argument("--embodiment", default=None, help="embodiment tag (default: the checkpoint's)")
     p.add_argument("--chunks", type=int, default=None, help="at most this many chunks (default: the whole episode)")
-    p.add_argument("--fps", type=int, default=5, help="frame rate of the predicted videos")
+    p.add_argument("--fps", type=int, default=5, help="frame rate of the predicted videos (default: %(default)s)")
     p.add_argument("--gif", action="store_true", help="also write side_by_side.gif")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: %(default)s)")
     p.add_argument("--out", type=Path, required=True, help="output folder")
     return p
 
@@ -132,23 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        from dreamzero.embedded_default import resolve_model_path
         from dreamzero.policy import EmbeddedPolicy
 
         if args.video and not args.prompt:
             raise ConfigError("--prompt: required with --video (camera videos carry no instruction)")
         if args.chunks is not None and args.chunks < 1:
             raise ConfigError(f"--chunks: expected >= 1, got {args.chunks}")
-        policy = EmbeddedPolicy.load(
-            resolve_model_path(args.model_path), embodiment=args.embodiment, device=args.device
-        )
+        _stderr(f"loading {args.model_path} on {args.device}")
+        policy = EmbeddedPolicy.load(args.model_path, embodiment=args.embodiment, device=args.device)
+        _stderr("reading the episode")
         if args.video:
             views, state, prompt = episode_from_videos(args.video, policy.embodiment, args.prompt)
         else:
             views, state, prompt = episode_from_dataset(args.dataset, args.episode, policy.embodiment, args.prompt)
-        summary = export(policy, views, state, prompt, args.out, args.chunks, args.gif, args.fps)
-    except ConfigError as exc:
-        print(f"dreamzero-export-video: {exc}", file=sys.stderr)
+        summary = export(policy, views, state, prompt, args.out, args.chunks, args.gif, args.fps, _stderr)
+    except DreamZeroError as exc:  # a configuration or checkpoint error: one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(summary, indent=1))
     return 0

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from dreamzero.cli_help import DefaultsHelpFormatter
 from dreamzero.errors import ConfigError
 from dreamzero.lerobot_dataset import PRESETS, ColumnSlice, DatasetPreset, LeRobotDataset, get_preset
 from dreamzero.metadata import (
@@ -108,7 +109,7 @@ def compute_metadata(
         raise ConfigError(f"action_bounds is {action_bounds!r}; use one of {sorted(BOUNDS)}")
 
     collected: dict[tuple[str, str], list[np.ndarray]] = {}
-    for episode in tqdm(episodes, desc=f"{tag}: episodes", unit="ep", disable=not progress):
+    for episode in tqdm(episodes, desc=f"{tag}: episodes", unit="ep", disable=None if progress else True):
         frames = dataset.episode_columns(episode, columns)
         values = {("state", s.name): s.take(frames[s.column]) for s in state_slices}
         values |= {("action", s.name): s.take(frames[s.column]) for s in action_slices}
@@ -148,10 +149,16 @@ def compute_metadata(
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dreamzero-make-metadata", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="dreamzero-make-metadata", description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", help="compute statistics from a LeRobot dataset (v2 or v3 layout)")
+    gen = sub.add_parser(
+        "generate",
+        help="compute statistics from a LeRobot dataset (v2 or v3 layout)",
+        formatter_class=DefaultsHelpFormatter,
+    )
     gen.add_argument("dataset", type=Path, help="dataset root (holds meta/info.json)")
     gen.add_argument("--preset", choices=sorted(PRESETS), help="column preset of a known embodiment tag")
     gen.add_argument("--tag", help="embodiment tag to write (default: the preset's)")
@@ -173,10 +180,16 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("-o", "--output", type=Path, required=True, help="metadata.json to write")
     gen.add_argument("--merge", action="store_true", help="add the tag to an existing output file")
-    gen.add_argument("--overwrite", action="store_true", help="with --merge: replace the tag if present")
+    gen.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing output file; with --merge, replace the tag in it if present",
+    )
     gen.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    merge = sub.add_parser("merge", help="merge several metadata.json files into one")
+    merge = sub.add_parser(
+        "merge", help="merge several metadata.json files into one", formatter_class=DefaultsHelpFormatter
+    )
     merge.add_argument("output", type=Path)
     merge.add_argument("inputs", type=Path, nargs="+")
     merge.add_argument("--overwrite", action="store_true", help="a tag present twice: the last input wins")
@@ -204,6 +217,23 @@ def _preset_from_args(args: argparse.Namespace) -> DatasetPreset:
     return preset
 
 
+def _existing_output(args: argparse.Namespace, tag: str) -> dict | None:
+    """The output file's tags that `generate --merge` keeps (None: nothing to keep); refuses to replace a file or one
+    of its tags unless --overwrite says so."""
+    if not args.output.exists():
+        return None
+    if not args.merge:
+        if args.overwrite:
+            return None
+        raise ConfigError(
+            f"{args.output} exists; pass --merge to add the tag {tag!r} to it, or --overwrite to replace the file"
+        )
+    existing = read_metadata_file(args.output)
+    if tag in existing and not args.overwrite:
+        raise ConfigError(f"{args.output} already holds the tag {tag!r}; pass --overwrite to replace it")
+    return existing
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     args = _build_parser().parse_args(argv)
@@ -214,6 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"wrote {args.output} with tags {sorted(merged)}")
             return 0
         preset = _preset_from_args(args)
+        existing = _existing_output(args, preset.tag)  # refused here, before minutes of statistics, not after
         dataset = LeRobotDataset(args.dataset)
         result = compute_metadata(
             dataset,
@@ -223,10 +254,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=not args.no_progress,
             action_bounds=args.action_bounds,
         )
-        if args.merge and args.output.is_file():
-            result = merge_metadata(read_metadata_file(args.output), result, overwrite=args.overwrite)
-        elif args.output.exists() and not args.merge:
-            raise ConfigError(f"{args.output} exists; pass --merge to add the tag to it")
+        if existing is not None:
+            result = merge_metadata(existing, result, overwrite=True)  # a tag present was refused or allowed above
         save_metadata(result, args.output)
         print(f"wrote {args.output} with tags {sorted(result)}")
         return 0

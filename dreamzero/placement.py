@@ -35,10 +35,13 @@ _ALLOWED = {"text_encoder": TEXT_ENCODER_PLACES, "image_encoder": IMAGE_ENCODER_
 
 #: Core-milliseconds (CPU time on one thread) one UMT5-XXL block (d_model 4096, 64 heads, d_ff 10240) takes in bf16
 #: to encode one prompt, by the tokens it runs (a CPU-placed encoder runs unpadded; 512 = padded). Measured by
-#: `benchmarks/text_encoder_cost.py` on the development machine's CPU (a shared 2-core AMD EPYC VM; figures, date and
-#: load in docs/benchmarks.md, "Text encoder off the GPU"). Another CPU differs: the planner reports the estimate
-#: from these as an order of magnitude, with its basis.
+#: `benchmarks/text_encoder_cost.py` on the development machine's CPU (a shared 2-core AMD EPYC VM with AVX-512 BF16,
+#: 2026-12-06; figures and load in docs/benchmarks.md, "Text encoder off the GPU"; four runs gave 66-79 core-ms at 20
+#: tokens). Another CPU differs: the planner reports the estimate from these as an order of magnitude, with its basis.
 MEASURED_CPU_CORE_MS_PER_XXL_LAYER: dict[int, float] = {20: 79.0, 32: 90.0, 512: 1288.0}
+#: Core-milliseconds one CLIP ViT-H/14 block (width 1280, 257 tokens) takes in bf16 for one frame: same run, same
+#: machine (docs/benchmarks.md, "Text encoder off the GPU").
+MEASURED_CPU_CORE_MS_PER_VITH_LAYER = 69.0
 
 
 @dataclass(frozen=True)
@@ -172,4 +175,25 @@ def text_encoder_cost(
             device_transient_bytes=2 * layer_bytes,
             host_weight_bytes=all_bytes,
         )
+    return out
+
+
+def image_encoder_cost(cfg, where: str, dtype: torch.dtype = torch.bfloat16, cpu_cores: int = 1) -> dict:
+    """The cost of CLIP encoding one new session's first frame placed `where` ("gpu" | "cpu"): flops (every block
+    runs), host_to_device_bytes (the CPU path's [257, width] features) and cpu_ms for "cpu" with a ViT-H/14-wide
+    encoder (MEASURED_CPU_CORE_MS_PER_VITH_LAYER x blocks / `cpu_cores`, optimistic), else None. cfg: a
+    DreamZeroConfig (None without an image encoder: no cost) or its ImageEncoderConfig."""
+    if where not in IMAGE_ENCODER_PLACES:
+        raise ConfigError(f"placement.image_encoder={where!r}: use one of {list(IMAGE_ENCODER_PLACES)}")
+    img = getattr(cfg, "image_encoder", cfg)
+    if img is None:
+        return {"flops": 0, "host_to_device_bytes": 0, "cpu_ms": None}
+    tokens = (img.image_size // img.patch_size) ** 2 + 1
+    w, ff, layers = img.hidden_size, img.intermediate_size, img.num_hidden_layers
+    flops = layers * 2 * tokens * (4 * w * w + 2 * w * ff + 2 * tokens * w)
+    out = {"flops": flops, "host_to_device_bytes": 0, "cpu_ms": None}
+    if where == "cpu":
+        out["host_to_device_bytes"] = tokens * w * dtype.itemsize
+        if (w, ff, img.num_attention_heads) == (1280, 5120, 16):
+            out["cpu_ms"] = layers * MEASURED_CPU_CORE_MS_PER_VITH_LAYER / max(cpu_cores, 1)
     return out

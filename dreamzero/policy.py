@@ -1,6 +1,7 @@
 """In-process policies: raw observation + session ids -> robot actions, with no Ray and no server.
 
-    policy = EmbeddedPolicy.load()                        # the embedded tiny model, DROID, synthetic statistics
+    policy = EmbeddedPolicy.load()                        # the shipped trained default, as serve_config.yaml
+    policy = EmbeddedPolicy.load(None)                    # the random tiny model, DROID, synthetic statistics
     policy = EmbeddedPolicy.load("/ckpt/DreamZero-DROID")  # a real checkpoint (its experiment_cfg/metadata.json)
     out = policy.infer(observation, "robot-0", "pick up the cup")   # unbatched: out.actions is [24, 8]
     policy.reset(["robot-0"])
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dreamzero.embedded_default import SHIPPED_DEFAULT
 from dreamzero.embodiments import Embodiment, get_embodiment
 from dreamzero.errors import ConfigError, InvalidRequest
 from dreamzero.lerobot_dataset import ColumnSlice, LeRobotDataset, get_preset
@@ -26,6 +28,10 @@ from dreamzero.metadata import EmbodimentMetadata
 from dreamzero.types import SessionReport
 
 logger = logging.getLogger(__name__)
+
+#: what `EmbeddedPolicy.load()` loads when given no path: the trained model serve_config.yaml serves, so that a
+#: newcomer's first call predicts like the server's; `None` still picks the random tiny model
+DEFAULT_MODEL = SHIPPED_DEFAULT
 
 
 @dataclass
@@ -114,23 +120,29 @@ class EmbeddedPolicy:
             )
         self.pipeline = pipeline
         self.embodiment = embodiment
+        self._warned_single_frame: set[str] = set()
 
     @classmethod
     def load(
         cls,
-        model_path: str | Path | None = None,
+        model_path: str | Path | None = DEFAULT_MODEL,
         embodiment: str | None = None,
         metadata: EmbodimentMetadata | dict | str | Path | None = None,
         device=None,
         **pipeline_kwargs,
     ) -> EmbeddedPolicy:
-        """Load a checkpoint (None: the embedded tiny default) and its embodiment.
+        """Load a checkpoint and its embodiment.
 
+        model_path: a checkpoint of any layout, `embedded:<name>` (a model shipped in the package), or None (the
+        random tiny model); left out: `DEFAULT_MODEL`, the shipped trained default.
         embodiment: a tag; None -> the checkpoint config's tag (oxe_droid for the tiny default).
         metadata: None -> `<model_path>/experiment_cfg/metadata.json` when it exists, else the shipped synthetic file.
         """
+        from dreamzero.embedded_default import resolve_model_path
         from dreamzero.pipeline import DreamZeroPipeline  # torch-heavy; keep `import dreamzero.policy` light
 
+        if model_path is not None:
+            model_path = resolve_model_path(str(model_path))  # "embedded:<name>" -> the shipped folder
         pipeline = DreamZeroPipeline.load(model_path, device=device, **pipeline_kwargs)
         model_config = getattr(pipeline.model, "config", None)
         tag = embodiment or getattr(model_config, "embodiment_tag", None) or "oxe_droid"
@@ -183,10 +195,26 @@ class EmbeddedPolicy:
         t3 = time.perf_counter()
         timings = {"preprocess": (t1 - t0) * 1e3, **result.timings_ms, "model": (t2 - t1) * 1e3,
                    "postprocess": (t3 - t2) * 1e3, "total": (t3 - t0) * 1e3}  # fmt: skip
+        self._warn_single_frame(result.sessions)
         video = None if result.video is None else np.stack(result.video)
         if video is not None and not context.batched:
             video = video[0]
         return PolicyResult(actions if context.batched else actions[0], list(result.sessions), timings, video)
+
+    def _warn_single_frame(self, reports: Sequence[SessionReport]) -> None:
+        """A loop that repeats a first call's one frame restarts its session every call, which its actions show only
+        as a policy that never builds on its past: say so once per session."""
+        for report in reports:
+            if report.restart_reason == "single_frame" and report.session_id not in self._warned_single_frame:
+                if len(self._warned_single_frame) >= 4096:  # many short sessions: bounded memory, a repeated line
+                    self._warned_single_frame.clear()
+                self._warned_single_frame.add(report.session_id)
+                logger.warning(
+                    "session %r restarted (single_frame): a 1-frame observation after its first call starts it "
+                    "again; send the frames since the last call (a block, 4 on DROID) to continue it "
+                    "(docs/model.md 6.1)",
+                    report.session_id,
+                )
 
     def reset(self, session_ids: str | Sequence[str]) -> None:
         """Restart these sessions at their next call."""

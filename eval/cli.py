@@ -12,7 +12,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dreamzero.errors import ConfigError, MissingDependency
+from dreamzero.cli_help import DefaultsHelpFormatter
+from dreamzero.embedded_default import SHIPPED_DEFAULT as DEFAULT_MODEL
+from dreamzero.errors import ConfigError, DreamZeroError, MissingDependency
 
 
 @dataclass
@@ -50,9 +52,7 @@ class CliArgs:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="dreamzero-eval", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog="dreamzero-eval", description=__doc__, formatter_class=DefaultsHelpFormatter)
     g = p.add_argument_group("simulation")
     g.add_argument(
         "--sim",
@@ -101,7 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         "system trust store)",
     )
     g.add_argument("--timeout-s", type=float, default=120.0, help="per-call timeout")
-    g.add_argument("--model-path", default=None, help="embedded policy checkpoint (default: the tiny random model)")
+    g.add_argument(
+        "--model-path",
+        default=DEFAULT_MODEL,
+        help="--policy embedded: a checkpoint or embedded:<name> (default: %(default)s, the shipped trained model "
+        "serve_config.yaml serves)",
+    )
     g.add_argument("--open-loop-horizon", type=int, default=8, help="chunk rows executed before the next query")
     g.add_argument(
         "--rtc",
@@ -133,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", type=Path, default=None, help="run directory (default runs/droid-eval-<time>)")
     g.add_argument("--no-video", action="store_true", help="skip the mp4s")
     g.add_argument("--no-report", action="store_true", help="skip report.html")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (there is none when stderr is no terminal)"
+    )
     g = p.add_argument_group("isaac lab (sim-evals)")
     g.add_argument(
         "--isaac-layout",
@@ -234,6 +241,7 @@ def make_policy(args: CliArgs):
         url = args.url or f"http://{args.host}:{args.port}"
         tls = server_tls(url, args.ca_bundle, "--url")
         return make_policy("http", base_url=url, api_key=args.api_key, timeout_s=args.timeout_s, **tls)
+    print(f"dreamzero-eval: --policy embedded runs {args.model_path} in this process", file=sys.stderr)
     return make_policy("embedded", model_path=args.model_path)
 
 
@@ -255,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = droid_args(ns)
         policy = asking_for_video(make_policy(args), args.predicted_video)
-    except (ConfigError, MissingDependency) as exc:
-        print(f"dreamzero-eval: {exc}", file=sys.stderr)
+    except DreamZeroError as exc:  # a configuration error (or a checkpoint that does not load): one line
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     config = EvalConfig(
         out_dir=args.out,
@@ -278,9 +286,11 @@ def main(argv: list[str] | None = None) -> int:
         },
     )
     try:
-        summary = run_evaluation(make_env_factory(args), policy, config, show_progress=not args.no_progress)
+        # a bar only on a terminal: redrawn with \r, it would fill a log file with lines
+        show_progress = not args.no_progress and sys.stderr.isatty()
+        summary = run_evaluation(make_env_factory(args), policy, config, show_progress=show_progress)
     except (ConfigError, MissingDependency) as exc:
-        print(f"dreamzero-eval: {exc}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
         policy.close()

@@ -63,12 +63,14 @@ def comparison(results: list[dict], status: dict[str, str]) -> list[str]:
     compiled_note = "ours `compile: dit` (dynamic shapes), no CUDA graphs (see the latency table's note)"
     if compiled is not None and compiled.get("fell_back_to_eager"):
         compiled_note += "; **fell back to eager** (recompile limit)"
+    model = {"droid_14b": "DROID 14B"}.get((eager or compiled or {}).get("preset", "droid_14b"))
+    model = model or f"`{(eager or compiled)['preset']}` (standing in for DROID 14B)"
     lines = [
         "| figure | ours | reference | what differs |",
         "|---|---|---|---|",
-        f"| DROID 14B chunk, 8-step mask, eager, one GPU | {_ms(eager) if eager else why_missing('eager')} | "
+        f"| {model} chunk, 8-step mask, eager, one GPU | {_ms(eager) if eager else why_missing('eager')} | "
         f"{ref1[1]} ({ref1[0]}, {ref1[2]}) | {diff}; ours eager |",
-        f"| DROID 14B chunk, 8-step mask, compiled, one GPU | "
+        f"| {model} chunk, 8-step mask, compiled, one GPU | "
         f"{_ms(compiled) if compiled else why_missing('compiled')} | {ref1[1]} ({ref1[0]}, {ref1[2]}) | {diff}; "
         f"{compiled_note} |",
         f"| DROID 14B chunk, two GPUs, CFG-parallel | "

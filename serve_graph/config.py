@@ -8,6 +8,7 @@ field carries a description: `docs/serving.md` is the readable reference.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
@@ -31,6 +32,8 @@ from deployments.sections import (
 from deployments.tenants import DEFAULT_TENANT, DIGEST_PREFIX, key_digest, parse_key_table, read_key_file
 from dreamzero.config import PipelineConfig
 from dreamzero.errors import ConfigError
+
+log = logging.getLogger("dreamzero.serve.config")
 
 
 class AppArgs(Strict):
@@ -163,6 +166,10 @@ class AppArgs(Strict):
                 return parse_key_table({DEFAULT_TENANT: v}, "api_key")[DEFAULT_TENANT][0]
             except ConfigError as exc:
                 raise ValueError(str(exc).removeprefix("api_key.default: ")) from None
+        log.warning(
+            "args.api_key is given in clear: it is hashed now, but Serve logs a serve_config.yaml's args as given and "
+            "Ray's dashboard shows them; give its digest 'sha256:<hex>' or api_key_env instead"
+        )
         return key_digest(v)
 
     @field_validator("api_keys")
@@ -219,9 +226,19 @@ class AppArgs(Strict):
         """WebSockets and arriving bodies hold Ingress slots: no cap may reach the slots a replica has, and the
         WebSockets' total (null: half the slots) is settled here so the door reads a number."""
         slots, h = self.ingress.max_ongoing_requests, self.http
+        given = set(h.model_fields_set)
+        # caps left at their defaults follow a smaller Ingress (half its slots, at least 1); set ones are checked
+        fitted = {
+            name: max(1, min(getattr(h, name), slots // 2))
+            for name in ("ws_max_per_tenant", "body_reads_per_tenant")
+            if name not in h.model_fields_set and getattr(h, name) >= slots
+        }
+        if fitted:
+            h = h.model_copy(update=fitted)
+            self = self.model_copy(update={"http": h})
         for name in ("ws_max_per_tenant", "body_reads_per_tenant", "ws_max_total"):
             value = getattr(h, name)
-            if value is not None and value >= slots:
+            if value is not None and value >= slots and name in given:
                 raise ValueError(
                     f"http.{name} is {value} but ingress.max_ongoing_requests is {slots}: one caller could take every "
                     "slot of the Ingress; lower it or raise ingress.max_ongoing_requests"

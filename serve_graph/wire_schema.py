@@ -3,7 +3,7 @@ wire shape.
 
 The models describe the JSON form (arrays as nested lists); a msgpack body has the same structure once its array
 markers are decoded. They mirror `dreamzero_client.wire` (the parser and builders that the server and the clients
-run) and take its constants (forms, reply formats, restart reasons), so a change there shows up here; the
+run) and take its constants (forms, reply formats, restart reasons, bounds), so a change there shows up here; the
 committed files under docs/schema/ are written by `scripts/make_schema.py`, and a test fails when they are stale or
 when a body built by `build_request_body` / `build_response` does not validate. Reference: docs/wire-protocol.md.
 """
@@ -16,12 +16,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from typing_extensions import TypeAliasType
 
+from dreamzero_client.rtc import RTC_SOURCES
 from dreamzero_client.wire import fields, generations, replies
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
-#: the parser's bounds (dreamzero_client.wire.generations)
-MAX_EXPECTED_STEP = 2**62
-MAX_INCARNATION_LEN = 64
 
 # --- building blocks -------------------------------------------------------------------------------------------------
 
@@ -30,8 +28,8 @@ Observation = TypeAliasType("Observation", "dict[str, JsonArray | Observation]")
 
 SessionId = Annotated[str, Field(min_length=1, max_length=fields.MAX_SESSION_ID_LEN)]
 Seed = Annotated[int, Field(ge=0, le=fields.MAX_SEED)]
-ExpectedStep = Annotated[int, Field(ge=0, le=MAX_EXPECTED_STEP)]
-Incarnation = Annotated[str, Field(min_length=1, max_length=MAX_INCARNATION_LEN)]
+ExpectedStep = Annotated[int, Field(ge=0, le=generations.MAX_EXPECTED_STEP)]
+Incarnation = Annotated[str, Field(min_length=1, max_length=generations.MAX_INCARNATION_LEN)]
 RtcCount = Annotated[int, Field(ge=0, le=generations.MAX_RTC_ACTIONS)]
 ActionPrefix = list[list[float]]  # [P, D]
 ActionValues = list[list[list[float]]]  # [B, H, D]
@@ -66,7 +64,7 @@ class GenerationInput(_Open):
         description="The normalised form (images/state/state_mask) or the embodiment's raw keys, each array with a "
         "leading batch dimension B; nested objects read as dotted keys (state.joint_position)."
     )
-    form: Literal["normalised", "normalized", "raw"] | None = Field(
+    form: Literal[generations.FORM_NAMES] | None = Field(  # type: ignore[valid-type]
         None, description="The request form; inferred from the observation keys when absent."
     )
 
@@ -131,7 +129,7 @@ class SessionReportBody(_Closed):
     restart_reason: Literal[replies.RESTART_REASONS] | None  # type: ignore[valid-type]
     frame_position: Annotated[int, Field(ge=0)] = Field(description="Latent frames of the session placed so far.")
     incarnation: str | None = Field(description="Id of this session state, new at every (re)start: echo it back.")
-    rtc: Literal["client_prefix", "session_cache", "cold_start"] | None = Field(
+    rtc: Literal[RTC_SOURCES] | None = Field(  # type: ignore[valid-type]
         None, description="Present when real-time chunking was asked: what the chunk was steered towards."
     )
 

@@ -3,8 +3,9 @@ pipeline (tests/unit/test_batch_kv_memory.py, benchmarks/batch_cache_memory.py).
 
 `LiveBytes` counts, under a `TorchDispatchMode`, every storage an operator allocates while it is active (and the
 storages `hold` registers before), until the storage is freed: its `peak` is the most bytes live at once. The
-pipeline is the tiny DiT made deep, with a long window and no image branch, and stub encoders: so the DiT's KV caches
-and their copies, not the activations or the encoders, are what a call's memory is made of.
+pipeline is the tiny DiT made deep, with a long window and no image branch, and stub encoders, so that the DiT's KV
+caches and their copies are most of a call's memory; `last_chunk_transient` counts the K/V-shaped tensors alone
+unless asked for all.
 """
 
 from __future__ import annotations

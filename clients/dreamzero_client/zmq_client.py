@@ -28,6 +28,7 @@ from dreamzero_client.errors import (
     AuthenticationError,
     BadRequestError,
     ConfigError,
+    MissingDependency,
     QuotaExceededError,
     ReplyTimeout,
     SecureChannelError,
@@ -65,7 +66,12 @@ class ZmqPolicyClient:
         server_key: str | bytes | os.PathLike | None = None,
         client_key_file: str | os.PathLike | None = None,
     ):
-        import zmq  # optional dependency: the `zmq` extra
+        try:
+            import zmq  # optional dependency: the `zmq` extra
+        except ImportError as exc:  # name the extra, not just the module
+            raise MissingDependency(
+                f"ZmqPolicyClient needs pyzmq ({exc}): pip install 'dreamzero-client[zmq]'"
+            ) from exc
 
         self._zmq = zmq
         self.endpoint = f"tcp://{host}:{port}"

@@ -28,7 +28,6 @@ reports itself unhealthy so Serve replaces it (docs/zmq.md).
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import time
 from collections import OrderedDict
@@ -118,11 +117,12 @@ class ZmqDoor:
         self.in_flight += 1
         try:
             if self.in_flight > self.zcfg.max_in_flight:
-                raise CapacityError(f"the server has {self.zcfg.max_in_flight} requests in flight; retry shortly")
+                raise DoorBusy(f"the server has {self.zcfg.max_in_flight} requests in flight; retry shortly")
             if len(payload) > self.zcfg.max_message_bytes:
                 raise PayloadTooLarge(f"message of {len(payload)} bytes exceeds {self.zcfg.max_message_bytes} bytes")
-            # the token first, from the message's header fields alone: `data` is skipped, never built
-            tenant = self.check_token(read_token(payload))
+            # the token first, from the message's header fields alone: `data` is skipped, never built (off the event
+            # loop when large: skipping 64 MiB of small values takes about half a second)
+            tenant = self.check_token(await decode_in_worker(len(payload), read_token, payload))
             message = await decode_in_worker(len(payload), bounded_unpack, payload, self.limits)
             request = rldx.parse_request(message)
             endpoint = request.endpoint
@@ -137,7 +137,7 @@ class ZmqDoor:
             body = self.error_body(exc)
             status, code = body["status"], body["code"]
             out = rldx.pack(body)
-            if isinstance(exc, DOOR_REFUSALS):
+            if door_refusal(exc):
                 audit_refusal(tenant, f"zmq/{endpoint}", exc)
         finally:
             self.in_flight -= 1
@@ -423,17 +423,36 @@ class ZmqIngressDeployment:
             raise RuntimeError(f"the ZMQ receive loop stopped: {self._task.exception()!r}")
 
 
-#: refusals the door decides itself (the audit log's `refuse ... at=zmq/...` lines); the Policy audits its own
-DOOR_REFUSALS = (Unauthorized, PayloadTooLarge, QuotaExceeded, CapacityError)
+#: quotas the door's process checks (the graph runner's, and `reset`'s rate); the Policy audits its session quotas
+DOOR_QUOTAS = ("requests_per_s", "max_rows_per_request", "resets_per_s")
+
+
+def door_refusal(exc: BaseException) -> bool:
+    """Did the door's process refuse this request itself (an audit line `refuse ... at=zmq/<endpoint>`)? Not the
+    Policy's refusals, which the Policy audits: one line per refusal."""
+    if isinstance(exc, QuotaExceeded):
+        return exc.quota in DOOR_QUOTAS
+    return isinstance(exc, (Unauthorized, PayloadTooLarge, DoorBusy))
+
+
+class DoorBusy(CapacityError):
+    """The door has `zmq.max_in_flight` requests in flight (503, `no_capacity`, as any CapacityError)."""
 
 
 def read_token(payload: bytes) -> str | None:
     """The `api_token` of an RLDX request, read without building its `data` (skipped in C, nothing allocated):
     a caller without a key costs the door no memory. InvalidRequest when the message is not a msgpack map of a few
     string keys or its token / endpoint is not a short string."""
-    # streamed from the bytes in small reads: the unpacker's buffer stays small whatever the message's size
-    unpacker = msgpack.Unpacker(io.BytesIO(payload), raw=False, read_size=64 * 1024, max_buffer_size=1 << 20,
-                                max_str_len=MAX_HEADER_STR, max_map_len=REQUEST_KEYS)  # fmt: skip
+    # streamed from the bytes in small reads: the unpacker's buffer holds at most the largest single value (an
+    # array's bytes), never the message's many small values at once
+    unpacker = msgpack.Unpacker(
+        _Chunks(payload),
+        raw=False,
+        read_size=min(64 * 1024, max(1, len(payload))),
+        max_buffer_size=max(1, len(payload)),
+        max_str_len=MAX_HEADER_STR,
+        max_map_len=REQUEST_KEYS,
+    )
     token = None
     try:
         n = unpacker.read_map_header()
@@ -452,6 +471,19 @@ def read_token(payload: bytes) -> str | None:
     except Exception as exc:  # noqa: BLE001 - garbage bytes from the network
         raise InvalidRequest(f"the message is not a msgpack RLDX request ({type(exc).__name__})") from None
     return token
+
+
+class _Chunks:
+    """`payload` as a file read in chunks by Python code: between two chunks the interpreter may hand the GIL to the
+    event loop (the unpacker's C loop over a chunk holds it), so skipping a large `data` never stalls the loop."""
+
+    def __init__(self, payload: bytes):
+        self._view, self._at = memoryview(payload), 0
+
+    def read(self, n: int) -> bytes:
+        chunk = self._view[self._at : self._at + n]
+        self._at += len(chunk)
+        return bytes(chunk)
 
 
 def _short_str(unpacker: msgpack.Unpacker, payload: bytes, message: str, nil_ok: bool = False) -> str | None:

@@ -41,6 +41,11 @@ def detect_layout(path: str | os.PathLike) -> str:
         return "full_weights"
     if has_config or has_safetensors:  # an incomplete hf folder: its reader names what is missing
         return "hf"
+    if (path / "adapter_config.json").is_file():  # a LoRA run's checkpoint holds the adapters only, not a model
+        raise CheckpointError(
+            f"{path} is a LoRA checkpoint (adapter_config.json, adapter_model.safetensors), not a model: merge it into "
+            f"its base first, `python -m dreamzero.train.lora merge {path} <merged>`, and load <merged>"
+        )
     raise CheckpointError(
         f"{path} is no checkpoint layout we know: expected {MODEL_INDEX_FILE} (diffusers), {CONFIG_FILE} with "
         f"{INDEX_FILE} or {SINGLE_FILE} (hf), or {FULL_WEIGHTS_FILE} (full_weights)"

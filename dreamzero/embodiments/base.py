@@ -368,15 +368,9 @@ class Embodiment:
                 f"{self.tag}: stitch() made a {canvas.shape[2:4]} canvas, canvas_hw says {self.canvas_hw}"
             )
         # 2. state: q99 per key in concat order, zero padded with a mask
-        per_key = [self.state_normalisers[k].normalise(parsed.state[k]) for k in self.state_keys]
-        for key, values in zip(self.state_keys, per_key):
-            if not np.isfinite(values).all() or (values.size and np.abs(values).max() > MAX_NORMALISED_STATE):
-                raise InvalidObservation(
-                    f"{key}: beyond +-{MAX_NORMALISED_STATE:g} once normalised by the checkpoint's statistics (its "
-                    "training range maps to about +-1): check the state's units",
-                    field=key,
-                )
-        normalised = np.concatenate(per_key, -1)
+        for key in self.state_keys:
+            self._check_state_range(key, parsed.state[key])
+        normalised = np.concatenate([self.state_normalisers[k].normalise(parsed.state[k]) for k in self.state_keys], -1)
         state, state_mask = pad_with_mask(normalised, self.max_state_dim)
         # 3. prompts
         prompts = self._prompts(instructions, parsed)
@@ -384,6 +378,22 @@ class Embodiment:
         batch = PreprocessedBatch(canvas, state, state_mask, prompts, [self.negative_prompt] * b, gain, bias)
         context = PostprocessContext(self.tag, {k: parsed.state[k].copy() for k in self.state_keys}, parsed.batched)
         return batch, context
+
+    def _check_state_range(self, key: str, values: np.ndarray) -> None:
+        """InvalidObservation naming `key` when a raw state lies beyond MAX_NORMALISED_STATE training spans of the
+        checkpoint's statistics: clipped, it would reach the model as an ordinary value, and a relative action adds
+        it back (a state of 1e30 would command a robot to 1e30). A constant dim's span counts as max(1, |q01|)."""
+        norm = self.state_normalisers[key]
+        x = np.asarray(values, np.float64)
+        span = np.asarray(norm.q99 - norm.q01, np.float64)
+        scale = np.where(span > 0, span, np.maximum(1.0, np.abs(np.asarray(norm.q01, np.float64))))
+        z = 2.0 * (x - norm.q01) / scale - 1.0
+        if x.size and not (np.abs(z).max() <= MAX_NORMALISED_STATE):
+            raise InvalidObservation(
+                f"{key}: beyond +-{MAX_NORMALISED_STATE:g} once normalised by the checkpoint's statistics (its "
+                "training range maps to +-1): check the state's units",
+                field=key,
+            )
 
     # -----------------------------------------------------------------------------------------------------------------
     # Model output -> robot actions

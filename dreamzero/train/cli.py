@@ -12,19 +12,23 @@ import argparse
 import dataclasses
 import json
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from dreamzero.errors import ConfigError
+from dreamzero.cli_help import DefaultsHelpFormatter
+from dreamzero.errors import ConfigError, DreamZeroError
 from dreamzero.metadata import BOUNDS
 from dreamzero.train.mixture import DatasetSpec, parse_dataset_arg, read_mixture_spec
 from dreamzero.train.trainer import DTYPES, TrainConfig, Trainer
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dreamzero-train", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="dreamzero-train", description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter
+    )
     d = TrainConfig(dataset="", out="")
     p.add_argument(
         "--dataset",
@@ -36,13 +40,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dataset-spec", default=None, help="YAML list of mixture datasets (see docs/training.md)")
     p.add_argument("--out", required=True, help="run directory (checkpoints, train_log.jsonl); resumed if it has one")
-    p.add_argument("--init", default=None, help="checkpoint to start from (default: the embedded tiny model)")
+    p.add_argument(
+        "--init", default=None, help="checkpoint to start from (default: the embedded tiny model, random weights)"
+    )
     p.add_argument(
         "--preset",
         default=None,
         help="start from this preset with seeded random weights (e.g. small), not --init",
     )
-    p.add_argument("--embodiment", default=d.embodiment, help="embodiment tag (columns, normalisation, canvas)")
+    p.add_argument(
+        "--embodiment",
+        default=d.embodiment,
+        help="embodiment tag: columns, normalisation, canvas (default: %(default)s)",
+    )
     p.add_argument("--metadata", default=None, help="metadata.json to normalise with (default: from the dataset)")
     p.add_argument(
         "--action-bounds",
@@ -57,61 +67,88 @@ def _parser() -> argparse.ArgumentParser:
         help="std, in the state's units (radians on DROID), of noise added to the states that relative actions are "
         "taken from; targets are relabelled to the same absolute joints (closed-loop recovery; default 0: off)",
     )
-    p.add_argument("--steps", type=int, default=d.steps, help="total optimizer steps")
+    p.add_argument("--steps", type=int, default=d.steps, help="total optimizer steps (default: %(default)s)")
     p.add_argument(
         "--stop-at",
         type=int,
         default=None,
         help="end the run after this step; the learning-rate schedule still runs to --steps (resume to go on)",
     )
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="global batch: clips per optimizer step")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=d.batch_size,
+        help="global batch: clips per optimizer step (default: %(default)s)",
+    )
     p.add_argument(
         "--num-workers",
         type=int,
         default=1,
-        help="training workers on Ray Train (one per GPU with --device cuda, else CPU processes); 1: this process",
+        help="training workers on Ray Train (one per GPU with --device cuda, else CPU processes); 1: this process "
+        "(default: %(default)s)",
     )
     p.add_argument(
         "--strategy",
         choices=["auto", "ddp", "fsdp"],
         default=d.strategy,
         help="with several workers: ddp (a whole model per worker), fsdp (FSDP2: the DiT, its gradients and optimizer "
-        "state sharded), auto (fsdp when ddp would take over half a device's memory)",
+        "state sharded), auto (fsdp when ddp would take over half a device's memory) (default: %(default)s)",
     )
     p.add_argument(
         "--micro-batch-size",
         type=int,
         default=None,
-        help="clips per forward pass on a worker; batch-size = workers x this x accumulation (default: none)",
+        help="clips per forward pass on a worker; batch-size = workers x this x accumulation "
+        "(default: batch-size / workers, no accumulation)",
     )
-    p.add_argument("--blocks", type=int, default=d.blocks, help="action chunks per training clip")
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
-    p.add_argument("--grad-clip", type=float, default=d.grad_clip, help="0 disables clipping")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1, ...")
+    p.add_argument(
+        "--blocks", type=int, default=d.blocks, help="action chunks per training clip (default: %(default)s)"
+    )
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate of AdamW (default: %(default)s)")
+    p.add_argument(
+        "--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay (default: %(default)s)"
+    )
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=d.warmup_steps,
+        help="linear learning-rate warm-up steps (default: %(default)s)",
+    )
+    p.add_argument(
+        "--grad-clip",
+        type=float,
+        default=d.grad_clip,
+        help="gradient norm clip; 0 disables clipping (default: %(default)s)",
+    )
+    p.add_argument("--seed", type=int, default=d.seed, help="random seed of the run (default: %(default)s)")
+    p.add_argument("--device", default=d.device, help="cpu, cuda, cuda:1, ... (default: %(default)s)")
     p.add_argument(
         "--dtype",
         choices=sorted(DTYPES),
         default=d.dtype,
         help="compute dtype of the DiT (autocast; with fsdp also the gathered parameters); weights, optimizer state "
-        "and gradient reduction stay float32",
+        "and gradient reduction stay float32 (default: %(default)s)",
     )
-    p.add_argument("--log-every", type=int, default=d.log_every)
-    p.add_argument("--save-every", type=int, default=d.save_every)
-    p.add_argument("--max-episodes", type=int, default=None)
+    p.add_argument(
+        "--log-every", type=int, default=d.log_every, help="steps between train_log.jsonl lines (default: %(default)s)"
+    )
+    p.add_argument(
+        "--save-every", type=int, default=d.save_every, help="steps between checkpoints (default: %(default)s)"
+    )
+    p.add_argument(
+        "--max-episodes", type=int, default=None, help="read at most this many episodes (default: all of them)"
+    )
     p.add_argument(
         "--action-loss-weight",
         type=float,
         default=d.action_loss_weight,
-        help="weight of the action flow-matching term in the total loss (upstream: 1)",
+        help="weight of the action flow-matching term in the total loss (upstream: 1; default: %(default)s)",
     )
     p.add_argument(
         "--start-stride",
         type=int,
         default=d.start_stride,
-        help="clips start only at frames that are multiples of this (1: any frame)",
+        help="clips start only at frames that are multiples of this (1: any frame; default: %(default)s)",
     )
     p.add_argument(
         "--cache-encodings",
@@ -126,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="train LoRA adapters of this rank on the DiT's attention and FFN projections, the rest frozen "
-        "(checkpoints hold the adapters; the ship step merges them); 0: full fine-tune",
+        "(checkpoints hold the adapters; the ship step merges them); 0: full fine-tune (default: %(default)s)",
     )
     p.add_argument("--lora-alpha", type=float, default=None, help="LoRA scale alpha / rank (default: alpha = rank)")
     p.add_argument("--no-resume", action="store_true", help="start fresh even if --out holds a checkpoint")
@@ -157,6 +194,14 @@ def _dataset_specs(args) -> list[DatasetSpec]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        return _run(args)
+    except DreamZeroError as exc:  # a configuration or checkpoint error: one line, as argparse's own, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(args) -> int:
     if args.cpu_threads:
         torch.set_num_threads(args.cpu_threads)
     if args.preset is not None and args.init is not None:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from dreamzero.cli_help import DefaultsHelpFormatter
 from dreamzero.errors import ConfigError, MissingDependency
 from eval.libero.adapter import FORMS
 from eval.libero.env import DEFAULT_RESOLUTION, SUITE_MAX_STEPS
@@ -69,7 +70,7 @@ def add_libero_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="dreamzero-eval-libero", description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        prog="dreamzero-eval-libero", description=__doc__, formatter_class=DefaultsHelpFormatter
     )
     add_libero_arguments(p)
     g = p.add_argument_group("policy server (HTTP)")
@@ -147,7 +148,9 @@ def run_from_args(ns: argparse.Namespace) -> int:
         return 2
     try:
         client.wait_until_ready(timeout_s=ns.ready_timeout_s)
-        summary = run_libero_evaluation(backend, client, config, ns.metadata, show_progress=not ns.no_progress)
+        summary = run_libero_evaluation(
+            backend, client, config, ns.metadata, show_progress=not ns.no_progress and sys.stderr.isatty()
+        )
     except (ConfigError, MissingDependency, ValueError, ClientError) as exc:
         print(f"dreamzero-eval-libero: {exc}", file=sys.stderr)
         return 2

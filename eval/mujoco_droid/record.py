@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from dreamzero.errors import ConfigError
+from dreamzero.cli_help import DefaultsHelpFormatter
+from dreamzero.errors import ConfigError, DreamZeroError
 from eval.env_contract import IMAGE_KEYS
 from eval.mujoco_droid.expert import (
     LAYOUTS,
@@ -180,7 +182,6 @@ def _write(out: str | Path, episodes: list[Episode], fps: float, video: str = "s
 def record_in_parallel(out: str | Path, num_episodes: int, seed: int, workers: int, argv: Sequence[str]) -> dict:
     """`workers` recorder processes, each on its own seed range (seed + 10000 k), then one merged dataset at `out`."""
     import subprocess
-    import sys
 
     parts_dir = Path(out).with_name(Path(out).name + ".parts")
     shares = [num_episodes // workers + (k < num_episodes % workers) for k in range(workers)]
@@ -202,39 +203,72 @@ def record_in_parallel(out: str | Path, num_episodes: int, seed: int, workers: i
     }  # fmt: skip
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dreamzero-record-demos", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", required=True, help="new dataset directory")
-    parser.add_argument("--episodes", type=int, default=50, help="successful episodes to keep")
-    parser.add_argument("--seed", type=int, default=0, help="layout seed of the first attempt (then +1 each)")
-    parser.add_argument("--image-size", type=int, nargs=2, default=(180, 320), metavar=("H", "W"))
-    parser.add_argument("--render-quality", choices=("quality", "fast"), default="quality")
-    parser.add_argument("--layouts", choices=sorted(LAYOUTS), default="wide", help="cube / bowl placement ranges")
-    parser.add_argument("--workers", type=int, default=1, help="recorder processes (seed ranges 10000 apart)")
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dreamzero-record-demos", description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter
+    )
+    parser.add_argument("--out", required=True, help="new dataset directory (absent or empty)")
+    parser.add_argument("--episodes", type=int, default=50, help="successful episodes to keep (default: %(default)s)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="layout seed of the first attempt, then +1 each (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--image-size", type=int, nargs=2, default=(180, 320), metavar=("H", "W"),
+        help="camera image height and width (default: 180 320)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--render-quality",
+        choices=("quality", "fast"),
+        default="quality",
+        help="renderer setting (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--layouts", choices=sorted(LAYOUTS), default="wide", help="cube / bowl placement ranges (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="recorder processes, seed ranges 10000 apart (default: %(default)s)"
+    )
     parser.add_argument(
         "--detours", type=float, default=0.0, metavar="P",
-        help="probability of each detour (a via point before the cube, one before the bowl) per episode",
+        help="probability of each detour (a via point before the cube, one before the bowl) per episode "
+        "(default: %(default)s)",
     )  # fmt: skip
     parser.add_argument(
         "--video", choices=sorted(VIDEO_ENCODINGS), default="standard",
-        help="H.264 encoding: standard (yuv420p, lossy) or lossless (yuv444p CRF 0, ~2.5x larger; frames as rendered)",
+        help="H.264 encoding: standard (yuv420p, lossy) or lossless (yuv444p CRF 0, ~2.5x larger; frames as rendered) "
+        "(default: %(default)s)",
     )  # fmt: skip
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        summary = _run(args)
+    except DreamZeroError as exc:  # a configuration error: one line, as argparse's own, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0
+
+
+def _run(args) -> dict:
     if args.workers < 1:
-        raise ConfigError(f"workers: expected >= 1, got {args.workers}")
+        raise ConfigError(f"--workers: expected >= 1, got {args.workers}")
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):  # refuse before minutes of recording, not after
+        raise ConfigError(f"--out: {out} exists and is not an empty directory; pick a new one")
     if args.workers > 1:
         shared = ["--image-size", *map(str, args.image_size), "--render-quality", args.render_quality]
-        summary = record_in_parallel(
+        return record_in_parallel(
             args.out,
             args.episodes,
             args.seed,
             args.workers,
             [*shared, "--layouts", args.layouts, "--detours", str(args.detours), "--video", args.video],
         )
-        print(json.dumps(summary))
-        return 0
-    summary = record_demos(
+    return record_demos(
         args.out,
         args.episodes,
         args.seed,
@@ -244,8 +278,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         detours=args.detours,
         video=args.video,
     )
-    print(json.dumps(summary))
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Our own clients (clients/http_client.py, clients/openpi_client.py) against the live graph on a real Ray cluster.
+"""Our own clients (clients/dreamzero_client/http_client.py, clients/dreamzero_client/openpi_client.py) against
+the live graph on a real Ray cluster.
 
 A DROID episode of several chunks with a session reset, retries observed against injected 503s (a loopback proxy in
 front of the live server answers the first requests with 503 + Retry-After, then forwards), typed errors on 4xx.

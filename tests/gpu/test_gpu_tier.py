@@ -295,12 +295,12 @@ def test_chunk_at_8_and_16_steps_runs_and_is_timed(models, steps):
 def _call_fits(pipe, probe, rows: int, k: int, fp) -> bool:
     """Whether a call of `rows` sessions at chunk `k` fits the device's free memory by the accounting: their states
     after it, the cache copies a batch makes, the DiT forward's activations and the margin."""
-    from dreamzero.pipeline.budget import activation_estimate, kv_copies, margin_bytes
+    from dreamzero.memory_fit import activation_estimate, kv_transient, margin_bytes
 
     probe.release_cache()
     free, total = probe.mem_info()
     element = torch.empty((), dtype=pipe.dtype).element_size()
-    need = rows * fp.by_chunk[k] + kv_copies(rows) * rows * fp.parts[k]["kv_cache"]
+    need = rows * fp.by_chunk[k] + kv_transient(rows, fp.parts[k]["kv_cache"], pipe.dit_cfg.num_layers)
     need += activation_estimate(pipe.dit_cfg, pipe.config, rows, element)
     return need + margin_bytes(total) <= free
 

@@ -187,8 +187,11 @@ def test_slow_bodies_are_capped_per_caller_fast_ones_never_counted():
 
 
 def test_connection_caps_must_leave_slots():
+    set_cap = {"ingress": {"max_ongoing_requests": 8}, "http": {"ws_max_per_tenant": 8}}
     with pytest.raises(Exception, match="http.ws_max_per_tenant is 8 but ingress.max_ongoing_requests is 8"):
-        parse_app_args({"ingress": {"max_ongoing_requests": 8}})
+        parse_app_args(set_cap)
+    small = parse_app_args({"ingress": {"max_ongoing_requests": 8}}).http  # defaults follow a smaller Ingress
+    assert (small.ws_max_per_tenant, small.body_reads_per_tenant, small.ws_max_total) == (4, 4, 4)
     assert parse_app_args({}).http.ws_max_total == 32  # half of the 64 slots
     assert parse_app_args({"ingress": {"max_ongoing_requests": 16}}).http.ws_max_total == 8
 
@@ -204,3 +207,12 @@ def test_the_legacy_key_is_hashed_as_it_is_read():
     assert parse_app_args({"api_key": digest}).api_key_digest == digest  # the digest itself is accepted
     with pytest.raises(Exception, match="api_key"):
         parse_app_args({"api_key": "sha256:abc"})
+
+
+def test_every_error_reply_is_cut_short():
+    from deployments.error_replies import MAX_MESSAGE_CHARS, classify
+    from dreamzero.errors import InvalidObservation
+
+    reply = classify(InvalidObservation("shape " + "[1, 2, 3] " * 1_000_000, field="x" * 10_000))
+    assert len(reply.message) <= MAX_MESSAGE_CHARS and "more characters" in reply.message
+    assert len(reply.field) <= 256

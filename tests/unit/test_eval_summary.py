@@ -99,7 +99,7 @@ def test_summary_config_records_no_absolute_path(monkeypatch):
     from eval.libero.runner import LiberoEvalConfig
     from eval.runner import EvalConfig
 
-    outside = REPO_ROOT.parent / f"{REPO_ROOT.name}-runs" / "eval"  # as /work/runs/... next to a /work/main checkout
+    outside = REPO_ROOT.parent / f"{REPO_ROOT.name}-runs" / "eval"  # as /srv/runs/... next to a /srv/dreamzero checkout
     assert repo_relative(REPO_ROOT / "runs" / "x" / "eval") == "runs/x/eval"
     assert repo_relative(outside) is None  # outside the repository: dropped
     monkeypatch.chdir(REPO_ROOT)
@@ -109,7 +109,7 @@ def test_summary_config_records_no_absolute_path(monkeypatch):
         assert record["out_dir"] is None and record["seed"] == 0
         assert _absolute_paths(json.loads(json.dumps(record))) == []
     assert config_record(EvalConfig(out_dir=str(REPO_ROOT / "runs" / "e")))["out_dir"] == "runs/e"
-    assert _absolute_paths({"a": ["/work/x"], "b": "C:\\runs"}) == ["/work/x", "C:\\runs"]
+    assert _absolute_paths({"a": ["/srv/x"], "b": "C:\\runs"}) == ["/srv/x", "C:\\runs"]
 
 
 @pytest.mark.parametrize(
@@ -122,7 +122,7 @@ def test_committed_summaries_hold_no_absolute_path(path):
         assert ep["video"] is None or not Path(ep["video"]).is_absolute()
 
 
-#: a POSIX absolute path of at least two parts (`/work/main/runs`, `/tmp/x/y`), not a URL's path or a closing tag
+#: a POSIX absolute path of at least two parts (`/srv/runs/eval`, `/data/x/y`), not a URL's path or a closing tag
 _ABSOLUTE_IN_TEXT = re.compile(r"(?<![\w.:/~<])/(?:[\w.-]+/)+[\w.-]*")
 
 
@@ -137,6 +137,4 @@ def test_no_committed_eval_file_holds_a_path_of_the_machine_that_wrote_it():
     assert any(p.name == "summary.json" for p in texts)
     found = {str(p.relative_to(REPO_ROOT)): _ABSOLUTE_IN_TEXT.findall(p.read_text()) for p in texts}
     assert {k: v for k, v in found.items() if v} == {}
-    assert _ABSOLUTE_IN_TEXT.findall('"out_dir": "/work/main/runs/x", <a href="videos/a.mp4"></a>') == [
-        "/work/main/runs/x"
-    ]
+    assert _ABSOLUTE_IN_TEXT.findall('"out_dir": "/srv/runs/x", <a href="videos/a.mp4"></a>') == ["/srv/runs/x"]

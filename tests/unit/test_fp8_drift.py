@@ -22,7 +22,7 @@ from tests.precision_support import FP32, OPTIONS, action_diff, session_actions,
 FP8_FP32, FP8_BF16 = OPTIONS[0], OPTIONS[1]
 # normalised action units (actions of mean magnitude ~1): max abs / mean abs over every entry of every chunk
 TINY_BOUND = {"max_abs": 0.25, "mean_abs": 0.06}
-SLICE_BOUND = {"max_abs": 0.1, "mean_abs": 0.02}
+SLICE_BOUND = {"max_abs": 0.1, "mean_abs": 0.03}
 
 
 @pytest.fixture

@@ -1,13 +1,15 @@
-"""scripts/gpu_check.py's checks of what a GPU check (or its rehearsal) produced, without running a stage: the GPU
-section of docs/benchmarks.md is complete only with every figure issue 32 lists (the batched chunk p50 / p95 for
-1, 2, 4 and 8 sessions and the robots one GPU serves among them), and the latency benchmark's rows cover both
-compile modes, each eager or compiled as its mode says. The stages themselves run in tests/e2e/test_gpu_rehearsal.py.
+"""scripts/gpu_check.py's checks and plans, without running a stage: which command each stage runs on a GPU and in
+the rehearsal (the 14B eager and compiled in separate processes; the tier once per simulated card, the second card
+only its card-dependent tests), the latency rows' check (each row eager or compiled as its mode says), and a stopped
+stage leaving nothing of its process group. The stages themselves run in tests/unit/test_gpu_check_stages.py (with a
+stand-in benchmark) and tests/e2e/test_gpu_rehearsal.py.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,54 +17,46 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import gpu_check
 
-STEP_MODES = ("16 steps", "8-step mask (upstream)", "dynamic skipping")
+ARGS = SimpleNamespace(bench_script="benchmarks/model_latency.py", tier_select=None, cards=["80GiB", "141GiB"])
 
 
-def figures_for(names) -> list[dict]:
-    return [{"figure": n, "value": 1.0, "unit": "ms", "preset": "droid_14b", "tier": "cuda"} for n in names]
+def commands(stage: str, rehearse: bool, card=None) -> list[list[str]]:
+    return gpu_check.stage_commands(stage, rehearse, "python", Path("/r/results.jsonl"), card, ARGS)
 
 
-def bench_rows(modes=STEP_MODES, compiled=("dit",), ran=None) -> dict:
-    rows = {m: {"compiled": "none"} for m in modes}
-    rows |= {f"{m}, compile {c}": {"compiled": "dit.blocks"} for m in modes for c in compiled}
-    for name, value in (ran or {}).items():
-        rows[name]["compiled"] = value
-    return {"rows": rows, "table": "| mode | compiled |\n|---|---|\n"}
+def test_eager_and_compiled_are_separate_processes_of_the_14b_on_a_gpu():
+    ((eager,), (compiled,)) = commands("eager", False), commands("compiled", False)
+    for cmd, value in ((eager, "none"), (compiled, "dit")):
+        assert cmd[cmd.index("--preset") + 1] == "droid_14b" and cmd[cmd.index("--compile") + 1] == value
+        assert int(cmd[cmd.index("--repeats") + 1]) >= 5 and "--results" in cmd  # median of at least 5 chunks
+    (five,) = commands("latency_5b", False)
+    assert five[five.index("--preset") + 1] == "libero_5b" and five[five.index("--batch") + 1] == "1,auto"
+    assert [c[c.index("--preset") + 1] for c in (*commands("robots", False), *commands("robots_5b", False))] == [
+        "droid_14b", "libero_5b"]  # fmt: skip
 
 
-@pytest.mark.parametrize("rehearse, sizes", [(False, (1, 2, 4, 8)), (True, (1, 2))])
-def test_the_section_needs_every_batch_size_and_the_robots_per_gpu(rehearse, sizes):
-    wanted = gpu_check.required_figures(rehearse)
-    batched = [f"chunk_ms_{q}_batch_{n}" for n in sizes for q in ("p50", "p95")]
-    assert set(wanted) == {*gpu_check.REQUIRED_FIGURES, *batched, "robots_per_gpu"}
-    assert {"bf16_drift_max_abs", "chunk_ms_8_steps", "chunk_ms_16_steps", "weights_gib", "session_peak_gib",
-            "session_budget_gib", "rows_chosen", "sessions_admitted"} <= set(wanted)  # fmt: skip
-    gpu_check.check_section(figures_for(wanted), rehearse)
-    for left_out in (batched[-1], "robots_per_gpu", "bf16_drift_max_abs"):
-        with pytest.raises(gpu_check.StageFailed, match=f"the tier wrote no {left_out}"):
-            gpu_check.check_section(figures_for(n for n in wanted if n != left_out), rehearse)
+def test_the_rehearsal_runs_the_tier_per_card_the_second_only_for_what_depends_on_it():
+    ((first,), (second,)) = commands("tier", True, "80GiB"), commands("tier", True, "141GiB")
+    assert "-k" not in first and second[second.index("-k") + 1] == gpu_check.CARD_TESTS
+    assert "planner" in gpu_check.CARD_TESTS  # the batch sizes are the card's own
 
 
-def test_the_rendered_section_holds_every_figure_and_the_latency_table():
-    figures = figures_for(gpu_check.required_figures(False))
-    bench = bench_rows()
-    section = gpu_check.render_section(figures, bench, rehearse=False, took_s=400)
-    assert all(f"| {f['figure']} | 1 | ms | droid_14b | cuda |" in section for f in figures)
-    assert bench["table"].rstrip() in section and section.startswith("Run on one GPU.")
+def test_latency_rows_must_run_as_their_mode_says():
+    def row(mode, compile_, ran):
+        return {
+            "stage": "compiled" if compile_ == "dit" else "eager",
+            "row": mode,
+            "compile": compile_,
+            "compiled": ran,
+        }
 
-
-def test_the_benchmark_needs_both_compile_modes_each_as_its_mode_says():
-    gpu_check.check_bench(bench_rows())
-    with pytest.raises(gpu_check.StageFailed, match="no row for '16 steps, compile dit'"):
-        gpu_check.check_bench(bench_rows(compiled=()))  # a tree without the compile knob skips the dit rows
-    with pytest.raises(gpu_check.StageFailed, match="no row for '8-step mask \\(upstream\\)'"):
-        gpu_check.check_bench(bench_rows(modes=("16 steps",)))
-    with pytest.raises(gpu_check.StageFailed, match="row '16 steps' ran compiled='dit.blocks', its mode says 'none'"):
-        gpu_check.check_bench(bench_rows(ran={"16 steps": "dit.blocks"}))  # defect 2: one model compiled in place
-    with pytest.raises(gpu_check.StageFailed, match="its mode says 'dit.blocks'"):
-        gpu_check.check_bench(bench_rows(ran={"dynamic skipping, compile dit": "none"}))
-    with pytest.raises(gpu_check.StageFailed, match="wrote no rows"):
-        gpu_check.check_bench({"rows": {}})
+    good = [row("16 steps", "none", "none"), row("16 steps, compile dit", "dit", "dit.blocks")]
+    assert (
+        gpu_check.check_latency_rows(good, "eager") is None and gpu_check.check_latency_rows(good, "compiled") is None
+    )
+    bad = [row("16 steps", "none", "dit.blocks")]  # one model compiled in place, run by an eager row
+    assert "ran compiled='dit.blocks', its mode says 'none'" in gpu_check.check_latency_rows(bad, "eager")
+    assert "wrote no rows" in gpu_check.check_latency_rows([], "compiled")
 
 
 @pytest.mark.parametrize("ignores_sigint", [False, True])

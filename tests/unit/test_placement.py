@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from dreamzero.checkpoint import load_model, save_model
-from dreamzero.checkpoint.hf import hf_source, release_spec
 from dreamzero.checkpoint.stream import stream_into
 from dreamzero.config import preset
 from dreamzero.errors import ConfigError
@@ -98,19 +97,34 @@ def test_component_devices():
 # -- the loader -------------------------------------------------------------------------------------------------------
 
 
-def test_each_component_streams_onto_its_own_device(saved):
-    """The meta device stands in for the GPU: the DiT and VAE land there, the CPU-placed encoders never do."""
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    from tests.unit.checkpoint_fixtures import write_tiny_layouts
+
+    return write_tiny_layouts(tmp_path_factory.mktemp("layouts"))
+
+
+@pytest.mark.parametrize("layout", ["hf", "full_weights", "diffusers"])
+def test_each_component_streams_onto_its_own_device(layouts, layout):
+    """The meta device stands in for the GPU: the DiT and VAE land there, the CPU-placed encoders never do (each
+    device's tensors are read in their own pass over the source, in every layout)."""
+    from dreamzero.checkpoint.loader import _open
+
+    path = layouts[layout]
+    cfg, source, make_spec, _, _ = _open(path, layout, "tiny" if layout == "full_weights" else None)
     with torch.device("meta"):
-        model = DreamZeroModel(preset("tiny"))
-    source = hf_source(saved)
+        model = DreamZeroModel(cfg)
     devices = Placement(text_encoder="cpu", image_encoder="cpu").devices("meta")
-    stream_into(model, release_spec(model), source, source.shapes(), devices, torch.float32)
+    stream_into(model, make_spec(model), source, source.shapes(), devices, torch.float32)
     model.materialize_buffers(devices)
     for name, module in (("text_encoder", model.text_encoder), ("image_encoder", model.image_encoder)):
         tensors = [*module.parameters(), *module.buffers()]
         assert tensors and all(t.device.type == "cpu" for t in tensors), name
     for name, module in (("model", model.model), ("vae", model.vae)):  # (the VAE keeps its statistics off meta)
         assert all(p.is_meta for p in module.parameters()), name
+    reference = load_model(path, device="cpu", dtype="float32", layout=layout, config=cfg)
+    ref_state = reference.text_encoder.state_dict()
+    assert all(torch.equal(v, ref_state[k]) for k, v in model.text_encoder.state_dict().items())
 
 
 def test_cpu_encoders_give_the_default_outputs(saved, default):
@@ -286,3 +300,16 @@ def test_cpu_time_estimate_scales_the_measured_block(monkeypatch):
     assert text_encoder_cost(preset("tiny"), "cpu")["cpu_ms"] is None  # not the measured width
     monkeypatch.setattr(placement, "MEASURED_CPU_CORE_MS_PER_XXL_LAYER", {})
     assert text_encoder_cost(cfg, "cpu")["cpu_ms"] is None
+
+
+def test_image_encoder_cost():
+    from dreamzero.placement import MEASURED_CPU_CORE_MS_PER_VITH_LAYER, image_encoder_cost
+
+    cfg = preset("droid_14b")
+    gpu, cpu = image_encoder_cost(cfg, "gpu"), image_encoder_cost(cfg, "cpu", cpu_cores=2)
+    assert gpu["flops"] == cpu["flops"] > 0 and gpu["cpu_ms"] is None and gpu["host_to_device_bytes"] == 0
+    assert cpu["host_to_device_bytes"] == 257 * 1280 * 2
+    assert cpu["cpu_ms"] == pytest.approx(32 * MEASURED_CPU_CORE_MS_PER_VITH_LAYER / 2)
+    assert image_encoder_cost(preset("tiny"), "cpu")["cpu_ms"] is None  # not the measured width
+    with pytest.raises(ConfigError, match="placement.image_encoder='offload'"):
+        image_encoder_cost(cfg, "offload")

@@ -110,7 +110,7 @@ _HAS_PIPELINE = all(importlib.util.find_spec(m) for m in ("dreamzero.pipeline", 
 @pytest.mark.slow  # ~10 s alone on 2 cores (building + running the tiny model); much longer under load
 @pytest.mark.skipif(not _HAS_PIPELINE, reason="dreamzero.pipeline / embedded_default not available")
 def test_tiny_model_serves_a_droid_observation_end_to_end():
-    policy = EmbeddedPolicy.load()
+    policy = EmbeddedPolicy.load(None)  # None: the random tiny model (no path: the shipped default)
     raw: list[np.ndarray] = []
     generate = policy.pipeline.generate
 

@@ -134,7 +134,7 @@ def test_embedded_policy_passes_rtc_options_and_the_codec():
 def test_embedded_policy_continues_the_robot_trajectory():
     """Tiny model end to end: with the joints moved between calls, the first d robot actions of the new chunk are
     the previous chunk's actions s .. s+d-1 in absolute joint units (before the gripper rule); d = 0 changes nothing."""
-    policy = EmbeddedPolicy.load()
+    policy = EmbeddedPolicy.load(None)  # the random tiny model
     kept = []
     generate = policy.pipeline.generate
 

@@ -6,6 +6,7 @@ rate-limited per tenant. Driven through `ZmqDoor.handle` (no socket), with the r
 from __future__ import annotations
 
 import asyncio
+import logging
 import tracemalloc
 
 import msgpack
@@ -137,7 +138,7 @@ def test_the_door_remembers_only_sessions_the_policy_holds(episode_dir, monkeypa
     assert len(door.sessions[("beta", "d9")]) == 20  # the newest client kept whole
 
 
-def test_reset_is_bounded_and_rate_limited_per_tenant(episode_dir):
+def test_reset_is_bounded_and_rate_limited_per_tenant(episode_dir, caplog):
     door = _door(episode_dir)
     calls = door.runner.policy.calls
     obs = droid_rldx_observation()
@@ -148,10 +149,15 @@ def test_reset_is_bounded_and_rate_limited_per_tenant(episode_dir):
     too_many = {"options": {"session_ids": [f"x{i}" for i in range(zmq_door.MAX_SESSIONS_PER_CLIENT + 1)]}}
     reply = _call(door, "reset", too_many, KEYS["alpha"])
     assert reply["status"] == 422 and reply["field"] == "options.session_ids"
-    replies = [_call(door, "reset", {"options": None}, KEYS["alpha"]) for _ in range(zmq_door.RESET_BURST)]
+    with caplog.at_level(logging.INFO, "dreamzero.audit"):
+        replies = [_call(door, "reset", {"options": None}, KEYS["alpha"]) for _ in range(zmq_door.RESET_BURST)]
+        _call(door, "ping", token="wrong")
     refused = [r for r in replies if "status" in r]
     assert refused and all(r["status"] == 429 and r["retry_after_s"] > 0 for r in refused)
     assert "resets/s" in refused[0]["error"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "dreamzero.audit"]
+    assert lines.count("refuse tenant=alpha at=zmq/reset reason=quota_exceeded:resets_per_s") == len(refused)
+    assert lines[-1] == "refuse tenant=unauthenticated at=zmq/unknown reason=unauthorized"
     assert _call(door, "reset", {"options": None}, KEYS["beta"]) == {"cleared_sessions": []}  # beta's own bucket
 
 

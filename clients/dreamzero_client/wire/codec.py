@@ -86,10 +86,12 @@ def decode_body(
     """Decode a request body within `limits` (default `DEFAULT_LIMITS`); returns ``(object, flavour)`` where
     flavour is one of `FLAVOURS`.
 
-    `max_bytes` (optional, else `limits.max_bytes`) turns a longer body into `PayloadTooLarge` before any parsing.
+    `max_bytes` (else `limits.max_bytes` when `limits` is given) turns a longer body into `PayloadTooLarge` before
+    any parsing; a client decoding a reply passes neither, and only the structure is bounded.
     """
+    size_limit = max_bytes if max_bytes is not None else (limits.max_bytes if limits is not None else None)
+    check_size(body, size_limit)
     limits = limits or DEFAULT_LIMITS
-    check_size(body, limits.max_bytes if max_bytes is None else max_bytes)
     flavour = flavour_for_content_type(content_type)
     if flavour == JSON:
         return decode_json(body, limits), JSON

@@ -27,8 +27,13 @@ DEFAULT_MAX_STATE_DIM = 64
 #: bounds of the real-time chunking fields (docs/rtc.md): counts of actions, and the widest action vector
 MAX_RTC_ACTIONS = 1024
 MAX_ACTION_DIM = 32
+#: bounds of the continuity echoes: a session's step, and the length of its incarnation id
+MAX_EXPECTED_STEP = 2**62
+MAX_INCARNATION_LEN = 64
 
 _FORM_ALIASES = {"normalised": "normalised", "normalized": "normalised", "raw": "raw"}
+#: every spelling of `input.form` the parser accepts
+FORM_NAMES = tuple(_FORM_ALIASES)
 
 
 def infer_form(observation: Mapping) -> str:
@@ -321,14 +326,14 @@ def continuity_fields(params: Mapping, b: int, prefix: str = "") -> tuple[list |
     if params.get("expected_steps") is not None:
         raw_steps = f.per_row(params["expected_steps"], f"{prefix}expected_steps", b, (int,))
         expected_steps = [
-            None if s is None else f.int_in(s, f"{prefix}expected_steps[{i}]", 0, 2**62)
+            None if s is None else f.int_in(s, f"{prefix}expected_steps[{i}]", 0, MAX_EXPECTED_STEP)
             for i, s in enumerate(raw_steps)
         ]
     expected_incarnations = None
     if params.get("expected_incarnations") is not None:
         raw_inc = f.per_row(params["expected_incarnations"], f"{prefix}expected_incarnations", b, (str,))
         for i, inc in enumerate(raw_inc):
-            if inc is not None and (not isinstance(inc, str) or not 0 < len(inc) <= 64):
+            if inc is not None and (not isinstance(inc, str) or not 0 < len(inc) <= MAX_INCARNATION_LEN):
                 raise InvalidObservation(
                     f"'{prefix}expected_incarnations[{i}]' must be null or the 'incarnation' string of the last "
                     f"reply for that session, got {inc!r}",
