@@ -273,7 +273,8 @@ def measure_all(model, args, hw, modes: dict[str, dict] = MODES, batches=None, o
     )
     run_chunk(warm, make_batch(1, 1, hw, 0))
     run_chunk(warm, make_batch(1, 4, hw, 1))
-    del warm
+    del warm  # its session with it: one store live at a time
+    _release(next(model.parameters()).device)
     out = {}
     for batch in batches:
         for name, mode in modes.items():

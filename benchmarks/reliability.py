@@ -78,16 +78,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rss-bound-mib", type=float, default=64.0, help="largest RSS growth per replica after warm-up")
     p.add_argument("--rss-interval-s", type=float, default=15.0, help="RSS / session sampling period of the soak")
     p.add_argument("--bomb-mib", type=float, default=64.0, help="size of the bomb bodies (the body limit: 64)")
+    p.add_argument("--zmq-reset-sessions", type=int, default=64, help="sessions the ZeroMQ reset attacker holds")
+    p.add_argument("--zmq-reset-s", type=float, default=10.0, help="seconds of resets (and of the victim baseline)")
+    p.add_argument("--zmq-rejected", type=int, default=6000, help="rejected ZeroMQ requests of zmq-rejected")
+    p.add_argument("--nan-requests", type=int, default=5, help="requests of each kind of the nan scenario")
+    p.add_argument("--evict-s", type=float, default=20.0, help="seconds of the eviction flood (each of two runs)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     args = p.parse_args(argv)
     try:
         args.scenarios = parse_only(args.only)
     except ValueError as e:
         p.error(str(e))
-    for name in ("clients", "requests", "scale_sessions", "disconnects", "soak_clients"):
+    for name in ("clients", "requests", "scale_sessions", "disconnects", "soak_clients", "zmq_reset_sessions",
+                 "zmq_rejected", "nan_requests"):  # fmt: skip
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("timeout_s", "scenario_timeout_s", "soak_minutes", "rss_interval_s", "trickle_s"):
+    for name in ("timeout_s", "scenario_timeout_s", "soak_minutes", "rss_interval_s", "trickle_s", "zmq_reset_s",
+                 "evict_s"):  # fmt: skip
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
     return args
@@ -445,16 +452,36 @@ def scenario_soak(cluster, args) -> dict:
 
 
 def _attack(cluster, args, name: str) -> dict:
-    """The attacks (benchmarks/reliability_attacks.py) on the app with two tenants and the shipped caps, deployed
-    once for both (they run last)."""
+    """The attacks (benchmarks/reliability_attacks.py and its siblings) on the app with two tenants, the shipped caps
+    and the ZeroMQ door on loopback, deployed once for all of them (they run last); the eviction runs deploy their own
+    app (one Policy replica with a small store), so an attack after them deploys the attack app again."""
     import reliability_attacks as attacks
+    import reliability_session_attacks as session_attacks
+    import reliability_zmq_attacks as zmq_attacks
+    from reliability_cluster import free_port
 
+    if name.startswith("evict-"):
+        by = name.split("-", 1)[1]
+        peak = session_attacks.session_peak_bytes() if by == "bytes" else None
+        server = {**SERVER_ARGS, "sessions": session_attacks.eviction_sessions(by, peak)}
+        cluster.deploy(attacks.attack_args(server), policy_replicas=1)
+        cluster.attack_app = False
+        return session_attacks.scenario_evict(cluster, args, by, peak)
     if not getattr(cluster, "attack_app", False):
-        cluster.deploy(attacks.attack_args(SERVER_ARGS), policy_replicas=BASE_POLICY_REPLICAS)
+        cluster.zmq_port = free_port()
+        cluster.deploy(attacks.attack_args(SERVER_ARGS, cluster.zmq_port), policy_replicas=BASE_POLICY_REPLICAS)
+        zmq_attacks.wait_for_door(cluster.zmq_port)
         cluster.attack_app = True
-    if name == "bombs":
-        return attacks.scenario_bombs(cluster, args)
-    return attacks.scenario_slots(cluster, args, ws_cap=8, idle_s=SERVER_ARGS["http"]["ws_idle_timeout_s"])
+    port = cluster.zmq_port
+    runners = {
+        "bombs": lambda: attacks.scenario_bombs(cluster, args),
+        "slots": lambda: attacks.scenario_slots(cluster, args, 8, SERVER_ARGS["http"]["ws_idle_timeout_s"]),
+        "zmq-bombs": lambda: zmq_attacks.scenario_zmq_bombs(cluster, args, port),
+        "zmq-reset": lambda: zmq_attacks.scenario_zmq_reset(cluster, args, port),
+        "zmq-rejected": lambda: zmq_attacks.scenario_zmq_rejected(cluster, args, port),
+        "nan": lambda: session_attacks.scenario_nan(cluster, args, port),
+    }
+    return runners[name]()
 
 
 def print_summary(results: dict) -> None:
@@ -490,8 +517,7 @@ def main(argv: list[str] | None = None) -> int:
             "scale": scenario_scale,
             "disconnect": scenario_disconnect,
             "soak": scenario_soak,
-            "bombs": lambda c, a: _attack(c, a, "bombs"),
-            "slots": lambda c, a: _attack(c, a, "slots"),
+            **{name: (lambda c, a, n=name: _attack(c, a, n)) for name in SCENARIOS[SCENARIOS.index("bombs") :]},
         }
         for name in args.scenarios:
             t0 = time.monotonic()

@@ -6,7 +6,9 @@
 - `slots`: one tenant opens WebSockets up to its cap (and one more) and trickles bodies a byte a second, a socket
   sends a junk frame every third of the idle timeout; meanwhile another tenant calls and `/healthz` is polled.
 
-Both run on an app with two tenants (`attacker`, `victim`) and the shipped connection caps.
+Both run on an app with two tenants (`attacker`, `victim`) and the shipped connection caps (with the ZeroMQ door on
+loopback, whose attacks are in `reliability_zmq_attacks.py`; the eviction flood and NaN inputs are in
+`reliability_session_attacks.py`). `Sampler` measures every attack: `/healthz` (and any other probe) and a door's RSS.
 """
 
 from __future__ import annotations
@@ -28,12 +30,15 @@ KEYS = {"attacker": "attacker-key-5c1e", "victim": "victim-key-a9d2"}
 WS_BOMB_BYTES = 15 * MIB
 
 
-def attack_args(server_args: dict) -> dict:
+def attack_args(server_args: dict, zmq_port: int | None = None) -> dict:
     """`server_args` with two tenants and the shipped connection caps (the other scenarios raise them: their
-    clients all come from one address without a key)."""
+    clients all come from one address without a key); with `zmq_port`, the ZeroMQ door too (on loopback)."""
     http = {k: v for k, v in server_args["http"].items() if not k.startswith(("ws_max", "body_reads"))}
     digests = {t: "sha256:" + hashlib.sha256(k.encode()).hexdigest() for t, k in KEYS.items()}
-    return {**server_args, "http": http, "api_keys": digests}
+    out = {**server_args, "http": http, "api_keys": digests}
+    if zmq_port is not None:
+        out["zmq"] = {"port": zmq_port, "host": "127.0.0.1"}
+    return out
 
 
 def _auth(tenant: str, scheme: str = "Bearer") -> dict:
@@ -43,14 +48,19 @@ def _auth(tenant: str, scheme: str = "Bearer") -> dict:
 # 1. Bomb bodies ---------------------------------------------------------------------------------------------------
 
 
-def msgpack_tree(leaf: bytes, size: int) -> bytes:
-    """`{"input": [[[leaf x fan] x fan] x n]}` of about `size` bytes (every list within the container limit)."""
+def list_tree(leaf: bytes, size: int) -> bytes:
+    """`[[[leaf x fan] x fan] x n]` as msgpack, at most about `size` bytes (every list within the container limit)."""
     fan = 4000
     inner = b"\xdc" + fan.to_bytes(2, "big") + leaf * fan
     mid_n = max(1, min(fan, size // len(inner)))
     mid = b"\xdc" + mid_n.to_bytes(2, "big") + inner * mid_n
     n = max(1, min(fan, size // len(mid)))
-    return b"\x81\xa5input" + b"\xdc" + n.to_bytes(2, "big") + mid * n
+    return b"\xdc" + n.to_bytes(2, "big") + mid * n
+
+
+def msgpack_tree(leaf: bytes, size: int) -> bytes:
+    """`{"input": [[[leaf x fan] x fan] x n]}` of about `size` bytes."""
+    return b"\x81\xa5input" + list_tree(leaf, size)
 
 
 def json_run(unit: bytes, size: int) -> bytes:
@@ -80,33 +90,43 @@ def bomb_bodies(size: int) -> dict[str, tuple[str, bytes]]:
 
 
 class Sampler:
-    """While open: the slowest /healthz answer (polled every 50 ms) and the Ingress replicas' peak RSS."""
+    """While open: `/healthz` polled every 50 ms (and each extra probe, e.g. a ZeroMQ `ping`, likewise), every answer's
+    latency kept, and the peak RSS of the replicas whose label starts with `rss_prefix` (`Ingress/`: the front door,
+    `ZmqIngress/`: the ZeroMQ door), sampled every 0.1 s."""
 
-    def __init__(self, cluster):
-        self.cluster, self.healthz_worst_s, self.healthz_failures = cluster, 0.0, 0
-        self.rss_before = self._ingress_rss()
+    def __init__(self, cluster, rss_prefix: str = "Ingress/", probes: dict | None = None):
+        self.cluster, self.rss_prefix = cluster, rss_prefix
+        self.probes = {"healthz": self._healthz, **(probes or {})}  # name -> one check (True: answered fine)
+        self.latencies: dict[str, list[float]] = {name: [] for name in self.probes}
+        self.failures: dict[str, int] = dict.fromkeys(self.probes, 0)
+        self.rss_before = self._rss()
         self.rss_peak = self.rss_before
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._poll, self._rss)]
+        self._client = httpx.Client(timeout=30, trust_env=False)
+        self._threads = [threading.Thread(target=self._poll, args=(n,), daemon=True) for n in self.probes]
+        self._threads.append(threading.Thread(target=self._sample_rss, daemon=True))
 
-    def _ingress_rss(self) -> int:
-        return sum(v for k, v in self.cluster.rss().items() if k.startswith("Ingress/"))
+    def _rss(self) -> int:
+        return sum(v for k, v in self.cluster.rss().items() if k.startswith(self.rss_prefix))
 
-    def _poll(self) -> None:
-        with httpx.Client(timeout=30, trust_env=False) as client:
-            while not self._stop.is_set():
-                t = time.perf_counter()
-                try:
-                    ok = client.get(f"{self.cluster.url}/healthz").status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                self.healthz_worst_s = max(self.healthz_worst_s, time.perf_counter() - t)
-                self.healthz_failures += not ok
-                self._stop.wait(0.05)
+    def _healthz(self) -> bool:
+        try:
+            return self._client.get(f"{self.cluster.url}/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
 
-    def _rss(self) -> None:
+    def _poll(self, name: str) -> None:
+        check = self.probes[name]
         while not self._stop.is_set():
-            self.rss_peak = max(self.rss_peak, self._ingress_rss())
+            t = time.perf_counter()
+            ok = check()
+            self.latencies[name].append(time.perf_counter() - t)
+            self.failures[name] += not ok
+            self._stop.wait(0.05)
+
+    def _sample_rss(self) -> None:
+        while not self._stop.is_set():
+            self.rss_peak = max(self.rss_peak, self._rss())
             self._stop.wait(0.1)
 
     def __enter__(self) -> Sampler:
@@ -120,13 +140,23 @@ class Sampler:
         self._stop.set()
         for t in self._threads:
             t.join(timeout=60)
+        self._client.close()
+
+    @property
+    def healthz_worst_s(self) -> float:
+        return max(self.latencies["healthz"], default=0.0)
 
     def figures(self) -> dict:
-        return {
-            "healthz_worst_ms": round(self.healthz_worst_s * 1000, 1),
-            "healthz_failures": self.healthz_failures,
-            "ingress_rss_rise_mib": round((self.rss_peak - self.rss_before) / MIB, 1),
-        }
+        out: dict = {}
+        for name, lat in self.latencies.items():
+            ms = sorted(lat)
+            out[f"{name}_worst_ms"] = round(ms[-1] * 1000, 1) if ms else None
+            out[f"{name}_p99_ms"] = round(ms[min(len(ms) - 1, int(0.99 * len(ms)))] * 1000, 1) if ms else None
+            out[f"{name}_failures"] = self.failures[name]
+        label = self.rss_prefix.rstrip("/").lower()
+        out[f"{label}_rss_before_mib"] = round(self.rss_before / MIB, 1)
+        out[f"{label}_rss_rise_mib"] = round((self.rss_peak - self.rss_before) / MIB, 1)
+        return out
 
 
 def _send_bomb(url: str, door: str, body: bytes, timeout_s: float) -> tuple[int | str, str]:

@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 #: every scenario of the script, in the order they run
-SCENARIOS = ("load", "kill-policy", "kill-preprocess", "kill-ingress", "scale", "disconnect", "soak", "bombs", "slots")
+SCENARIOS = (
+    "load", "kill-policy", "kill-preprocess", "kill-ingress", "scale", "disconnect", "soak", "bombs", "slots",
+    "zmq-bombs", "zmq-reset", "zmq-rejected", "nan", "evict-count", "evict-bytes",
+)  # fmt: skip
 #: restart reasons of a session the client had already seen that mean the server no longer held its state (its
 #: replica died or was scaled away, it was evicted, or a stale copy was refused); the other reasons (reset_requested,
 #: prompt_changed, single_frame, window_full) are the normal course of an episode

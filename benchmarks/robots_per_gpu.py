@@ -233,10 +233,22 @@ def write_table(path: Path, record: dict, args) -> None:
         body = old.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
         kept = [line for line in body.splitlines() if line.startswith("| ") and not line.startswith("| preset")
                 and not line.startswith(f"| {record['preset']} |")]  # fmt: skip
+    best, missed = {}, set()  # per preset, the largest fleet before the first that missed
+    for line in [*kept, *rows]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        preset, robots, in_time = cells[0], int(cells[1]), cells[6] == "yes"
+        best.setdefault(preset, 0)
+        if preset in missed:
+            continue
+        if in_time:
+            best[preset] = max(best[preset], robots)
+        else:
+            missed.add(preset)
+    largest = ", ".join(f"{name} {n}" for name, n in best.items())
     table = [
         f"{record['device']}, {record['chunks']} chunks per robot every {record['period_s']} s, {steps}, random "
         f"weights; run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (load average "
-        f"{os.getloadavg()[0]:.1f}). Largest fleet that kept pace: {record['robots_in_time']} ({record['preset']}).",
+        f"{os.getloadavg()[0]:.1f}). Largest fleet that kept pace: {largest}.",
         "",
         "| preset | robots | chunk p50 ms | chunk p99 ms | session start p50 ms | late chunks | every chunk in time | "
         "rows per call |",

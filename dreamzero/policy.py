@@ -141,8 +141,8 @@ class EmbeddedPolicy:
         from dreamzero.embedded_default import resolve_model_path
         from dreamzero.pipeline import DreamZeroPipeline  # torch-heavy; keep `import dreamzero.policy` light
 
-        if model_path is not None:
-            model_path = resolve_model_path(str(model_path))  # "embedded:<name>" -> the shipped folder
+        if isinstance(model_path, str):
+            model_path = resolve_model_path(model_path)  # "embedded:<name>" -> the shipped folder; others as given
         pipeline = DreamZeroPipeline.load(model_path, device=device, **pipeline_kwargs)
         model_config = getattr(pipeline.model, "config", None)
         tag = embodiment or getattr(model_config, "embodiment_tag", None) or "oxe_droid"

@@ -126,12 +126,16 @@ def stage_commands(stage: str, rehearse: bool, py: str, results: Path, card: str
         modes = "16 steps,8-step mask (upstream)" if stage == "eager" else "8-step mask (upstream)"
         return [[*lat[:5], "float32", *lat[6:], "--preset", "tiny", "--repeats", "5", "--modes", modes, *compile_]]
     if stage == "latency_5b":  # the rehearsal's CPU affords the tiny model at most 2 rows (the planner allows more)
-        size = ["--preset", "tiny", "--batch-cap", "2"] if rehearse else ["--preset", "libero_5b"]
+        if rehearse:
+            lat, size = [*lat[:5], "float32", *lat[6:]], ["--preset", "tiny", "--batch-cap", "2"]
+        else:
+            size = ["--preset", "libero_5b"]
         return [[*lat, *size, "--batch", "1,auto", "--compile", "none", "--modes", "8-step mask (upstream)"]]
     if stage in ("robots", "robots_5b"):
         if rehearse:
             name = "small" if stage == "robots" else "tiny"
-            return [[*robots, "--preset", name, "--robots", "1,2", "--chunks", "3", "--steps", "2"]]
+            fp32 = [*robots[:5], "float32", *robots[6:]]  # this CPU's bf16 kernels are slow (the tier shows bf16)
+            return [[*fp32, "--preset", name, "--robots", "1,2", "--chunks", "3", "--steps", "2"]]
         return [[*robots, "--preset", "droid_14b" if stage == "robots" else "libero_5b"]]
     if stage == "tier":
         cmd = [py, "-m", "pytest", "-q", "-rs", "-s", "-p", "no:cacheprovider", "-m", "gpu", "tests/gpu"]
@@ -244,13 +248,15 @@ def main(argv=None) -> int:
     planned = [f"{s}@{c}" if s == "tier" and len(args.cards) > 1 else s for s in stages for c in
                (args.cards if s == "tier" else [None])]  # fmt: skip
     planned = list(dict.fromkeys(planned))
-    failures = []
+    failures, gone = [], None  # gone: why no later stage can run (the environment stage found no GPU)
     for name in planned:
         stage, _, card = name.partition("@")
         card = card or args.cards[0]
         t0 = time.monotonic()
         status, why = "skipped", skip_reason(stage, args.rehearse)
-        if why is None:
+        if gone is not None:
+            status, why = "not run", gone
+        elif why is None:
             limit = min(bounds.get(stage, STAGE_S[stage][1 if args.rehearse else 0]), clock.left())
             if clock.left() < MIN_STAGE_S:  # not run for lack of time: the run is incomplete (a failure)
                 status, why = "no time", f"{clock.left():.0f} s of the budget left"
@@ -276,6 +282,8 @@ def main(argv=None) -> int:
             f.write(json.dumps(line) + "\n")
         if status not in ("ok", "skipped"):
             failures.append((name, f"{status}: {why}"))
+        if stage == "env" and status != "ok":
+            gone = "the environment stage failed (no GPU seen)"
         print(f"gpu-check: {name}: {status}{': ' + why if why else ''}", flush=True)
         write_section(docs, results, planned, args.rehearse, clock.elapsed())
     print(f"gpu-check: results {results}; the GPU section written to {', '.join(map(str, docs))}", flush=True)

@@ -156,7 +156,7 @@ def render_section(results: list[dict], planned: list[str], rehearse: bool, took
         lines.append(f"| {s} | {status.get(s, 'not run')} | {_fmt(end.get('took_s')) if end else ''} |")
     env = next((r for r in results if r.get("figure") == "environment"), None)
     if env is not None:
-        facts = {k: v for k, v in env.items() if k not in ("stage", "figure")}
+        facts = {k: v for k, v in env.items() if k not in ("stage", "figure") and v is not None}
         lines += ["", "Environment: " + ", ".join(f"{k} {_fmt(v)}" for k, v in facts.items()) + "."]
     smoke = next((r for r in results if r.get("figure") == "compile_smoke"), None)
     if smoke is not None:

@@ -131,6 +131,9 @@ def main(argv=None) -> int:
         facts = env_facts()
         append(args.results, {"stage": "env", "figure": "environment", **facts})
         print(json.dumps(facts, indent=1))
+        if facts["gpus"] == 0 and facts.get("total_gib") is None:  # neither a GPU nor a simulated one
+            print(f"env: torch {facts['torch']} (CUDA build {facts['cuda_build']}) sees no GPU", flush=True)
+            return 1
         return 0
     got = smoke()
     append(args.results, {"stage": "smoke", "figure": "compile_smoke", **got})

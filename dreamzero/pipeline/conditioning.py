@@ -6,8 +6,7 @@
   [first frame, each new frame twice], then prefill of the last `num_frame_per_block` latents at
   `current_start_frame - num_frame_per_block`.
 Rows of each kind share one forward whatever their frame positions (`batch_cache`: the caches are read and replaced
-layer by layer); `context_emb` builds the
-cross-attention context of any set of rows, the denoise included.
+layer by layer); `context_emb` builds the cross-attention context of any set of rows, the denoise included.
 """
 
 from __future__ import annotations

@@ -213,3 +213,37 @@ def test_the_export_video_doc_section_matches_the_command():
     defaults = {a.option_strings[-1]: a.default for a in parser._actions if a.option_strings}
     assert table and {k: str(defaults[k]) for k in table} == table
     assert "smear" in section and "VAE" in section
+
+
+def test_eval_draws_its_progress_bar_on_a_terminal_only(tmp_path, monkeypatch, capsys):
+    """`\\r` redraws belong on a terminal; in a log file (stderr not a tty) there is no bar, --no-progress or not."""
+    import eval.cli
+    import eval.runner
+
+    seen = []
+
+    def fake_run(env_factory, policy, config, show_progress=False):
+        seen.append(show_progress)
+        raise ConfigError("stop here")
+
+    monkeypatch.setattr(eval.runner, "run_evaluation", fake_run)
+    monkeypatch.setattr(eval.cli, "make_policy", lambda args: SimpleNamespace(close=lambda: None))
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stream, argv in ((io.StringIO(), []), (Terminal(), []), (Terminal(), ["--no-progress"])):
+        monkeypatch.setattr("sys.stderr", stream)
+        assert eval.cli.main([*argv, "--out", str(tmp_path)]) == 2
+        _one_error_line(stream.getvalue(), "stop here")
+    assert seen == [False, True, False]
+
+
+def test_the_random_model_warning_names_each_tool_s_flag(caplog):
+    from dreamzero.embedded_default import default_model_dir
+
+    with caplog.at_level("WARNING", logger="dreamzero.embedded_default"):
+        default_model_dir()
+    (message,) = [r.getMessage() for r in caplog.records if "EMBEDDED DEFAULT MODEL IN USE" in r.getMessage()]
+    assert "--init (dreamzero-train)" in message and "model_path" in message and "--model-path" in message

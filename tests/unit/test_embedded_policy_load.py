@@ -65,7 +65,8 @@ def test_an_unknown_embedded_name_lists_the_shipped_models(loaded):
 
 def test_a_folder_is_passed_through(loaded, tmp_path):
     EmbeddedPolicy.load(tmp_path)
-    assert loaded == [str(tmp_path)]
+    EmbeddedPolicy.load(str(tmp_path))
+    assert loaded == [tmp_path, str(tmp_path)]
 
 
 class _RestartRule:
