@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     if args.merge:
         saved = [json.loads(path.read_text()) for path in args.merge]
         rows = [row for data in saved for row in _rows(data)]
-        machine = "; ".join(dict.fromkeys(data["machine"] for data in saved))
+        machine = "runs: " + " | ".join(dict.fromkeys(data["machine"] for data in saved))
     else:
         rows = measure(args, {p.strip() for p in args.parts.split(",")}, start)
         machine = f"{machine_line()}; {time.monotonic() - start:.0f} s"
@@ -113,7 +113,7 @@ def _tiny_row(args, start: float):
                 prev = worst.setdefault(name, {}).get(ref)
                 worst[name][ref] = d if prev is None else prev.worst(d)
         print(f"tiny seed {seed} done, {time.monotonic() - start:.0f} s", flush=True)
-    what = f"tiny, {args.chunks}-chunk session, worst of {args.tiny_seeds} seeds"
+    what = f"tiny, {args.chunks}-chunk session, {_seeds(args.tiny_seeds)}"
     return what, f"{sum(scales) / len(scales):.2f}", worst
 
 
@@ -131,8 +131,12 @@ def _slice_row(args, preset_name: str, start: float):
                 prev = worst.setdefault(option.name, {}).get(ref)
                 worst[option.name][ref] = d if prev is None else prev.worst(d)
         print(f"{preset_name} seed {seed} done, {time.monotonic() - start:.0f} s", flush=True)
-    what = f"`{preset_name}` DiT, one denoise forward, worst of {args.slice_seeds} seeds"
+    what = f"`{preset_name}` DiT, one denoise forward, {_seeds(args.slice_seeds)}"
     return what, f"{sum(scale) / len(scale):.2f}", worst
+
+
+def _seeds(n: int) -> str:
+    return "seed 0" if n == 1 else f"worst of seeds 0-{n - 1}"
 
 
 def table(rows, machine: str) -> str:
@@ -152,7 +156,12 @@ def table(rows, machine: str) -> str:
             lines.append(
                 f"| {what} | {scale} | {option.name} | {_cell(refs.get('fp32'))} | {_cell(refs.get('bf16'))} |"
             )
-    lines += ["", "Reproduce: `python benchmarks/precision_drift.py --write-docs`."]
+    lines += [
+        "",
+        "Reproduce: `python benchmarks/precision_drift.py --write-docs` (all parts in one process), or the parts in "
+        "parallel processes (`--parts tiny,shipped --save a.json`, `--parts slices --save b.json`), then "
+        "`--merge a.json b.json --write-docs`, as here.",
+    ]
     return "\n".join(lines)
 
 

@@ -26,6 +26,7 @@ import hmac
 import logging
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -340,14 +341,50 @@ def audit(event: str, model_id: str, replica: str, detail: str | None = None) ->
     audit_log.info("session %s tenant=%s session=%s replica=%s%s", event, field(tenant), field(own), replica, extra)
 
 
+class RefusalLines:
+    """At most one audit line per (tenant, door, reason) a second: a flood of refused requests (a tenant over its
+    rate, a caller without a key) must not grow the audit log or cost the door more than the refusal itself. The
+    first refusal of a second is written at once; the ones after it are counted into the next line (`repeated=<n>`).
+    Bounded: at most `MAX_KEYS` keys are remembered (the least recently written forgotten first)."""
+
+    MAX_KEYS = 4096
+
+    def __init__(self, every_s: float = 1.0, clock=time.monotonic):
+        self.every_s, self.clock = every_s, clock
+        self._last: dict[tuple[str, str, str], tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, key: tuple[str, str, str]) -> int | None:
+        """The count of refusals folded into this line, or None: fold this one into a later line."""
+        now = self.clock()
+        with self._lock:
+            last, held = self._last.get(key, (float("-inf"), 0))
+            if now - last < self.every_s:
+                self._last[key] = (last, held + 1)
+                return None
+            self._last.pop(key, None)
+            self._last[key] = (now, 0)
+            while len(self._last) > self.MAX_KEYS:
+                self._last.pop(next(iter(self._last)))
+            return held
+
+
+_refusal_lines = RefusalLines()
+
+
 def audit_refusal(tenant: str, where: str, exc: BaseException, rows: int | None = None) -> None:
-    """One audit line for a refused request: `refuse tenant=<t> at=<where> reason=<code>[:<quota>] [rows=<n>]`
-    (the error's code and quota name, never its message, which may echo the request)."""
+    """One audit line for a refused request: `refuse tenant=<t> at=<where> reason=<code>[:<quota>] [rows=<n>]
+    [repeated=<n>]` (the error's code and quota name, never its message, which may echo the request); repeats of the
+    same tenant, door and reason within a second are counted into the next line (`RefusalLines`)."""
     code = getattr(exc, "code", None) or type(exc).__name__
     quota = getattr(exc, "quota", None)
     reason = f"{code}:{quota}" if quota else code
+    held = _refusal_lines.admit((tenant, where, reason))
+    if held is None:
+        return
     n = "" if rows is None else f" rows={rows}"
-    audit_log.info("refuse tenant=%s at=%s reason=%s%s", field(tenant), field(where), field(reason), n)
+    more = f" repeated={held}" if held else ""
+    audit_log.info("refuse tenant=%s at=%s reason=%s%s%s", field(tenant), field(where), field(reason), n, more)
 
 
 def audit_reports(reports: Iterable[Any], replica: str) -> None:

@@ -29,9 +29,9 @@ Where each part lives:
 | `noise` | step 4: `row_noise` |
 | `denoise` | step 5 on a bare DiT: `cfg_row_layout`, `branch_rows`, `prefill_block`, `denoise_block` |
 | `step_plan` | `StepPlan`: which scheduler steps run the DiT (static mask / dynamic cosine skip) |
-| `batch_cache` | `SessionCaches` (one forward's rows, stacked a layer at a time), `split_caches`, `batch_kv_transient` |
+| `batch_cache` | `SessionCaches` (a forward's rows, stacked a layer at a time), `batch_kv_transient` |
 | `compile` | `compile_model` (`pipeline.compile` levels) |
-| `budget` | a replica's byte budget and rows, measured (`resolve_serving_memory`; arithmetic in `dreamzero.memory_fit`) |
+| `budget` | a replica's measured byte budget and rows (`resolve_serving_memory`; `dreamzero.memory_fit`) |
 | `timer` | `StageTimer`: per-stage wall time (`ChunkResult.timings_ms`) |
 | `video` | predicted video: the rows that ask (`return_video`) decode their chunk into uint8 frames |
 | `cfg_parallel` | `BranchGroup`: the two guidance branches on two ranks (`policy.cfg_parallel: 2`) |

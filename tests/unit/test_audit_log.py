@@ -106,3 +106,19 @@ def test_a_doors_info_lines_reach_a_log(capfd):
     logging.getLogger("test.dreamzero.door").info("ZMQ front door listening on tcp://127.0.0.1:5555")
     err = capfd.readouterr().err
     assert err.count("ZMQ front door listening") == 1 and " INFO " in err
+
+
+def test_a_flood_of_refusals_is_one_line_a_second_with_its_count():
+    from deployments.tenants import RefusalLines
+
+    now = [0.0]
+    lines = RefusalLines(every_s=1.0, clock=lambda: now[0])
+    key = ("attacker", "zmq/reset", "quota_exceeded:resets_per_s")
+    assert lines.admit(key) == 0  # the first is written at once
+    assert [lines.admit(key) for _ in range(500)] == [None] * 500  # the rest of that second are counted
+    assert lines.admit(("other", "zmq/reset", "quota_exceeded:resets_per_s")) == 0  # another tenant is its own line
+    now[0] = 1.5
+    assert lines.admit(key) == 500  # the next line says how many it stands for
+    for i in range(RefusalLines.MAX_KEYS + 10):
+        lines.admit((f"t{i}", "http", "unauthorized"))
+    assert len(lines._last) == RefusalLines.MAX_KEYS  # bounded whatever the callers send

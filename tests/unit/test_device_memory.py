@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dreamzero.device import SIMULATED_GPU_ENV, select_device, simulated_gpu_bytes
-from dreamzero.device_checks import DeviceFacts, device_facts
+from dreamzero.device_checks import device_facts
 from dreamzero.device_memory import DeclaredMemory
 from dreamzero.errors import ConfigError
 from dreamzero.pipeline.budget import (

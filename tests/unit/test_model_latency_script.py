@@ -35,8 +35,8 @@ def test_a_row_is_steady_chunks_with_the_restart_and_the_first_chunks_apart(tmp_
     file as soon as it exists, and no session left in any store between rows."""
     monkeypatch.setenv("GPU_CHECK_STAGE", "eager")
     results = tmp_path / "results.jsonl"
-    argv = ["--preset", "tiny", "--device", "cpu", "--warmup", "1", "--repeats", "5", "--modes", "8-step mask (upstream)",
-            "--results", str(results)]  # fmt: skip
+    argv = ["--preset", "tiny", "--device", "cpu", "--warmup", "1", "--repeats", "5",
+            "--modes", "8-step mask (upstream)", "--results", str(results)]  # fmt: skip
     assert model_latency.main(argv) == 0
     import json
 

@@ -25,14 +25,16 @@ def pipe():
     return p
 
 
-def test_a_fleet_at_an_easy_pace_keeps_it_and_every_chunk_is_counted(pipe):
+def test_fleets_double_until_one_misses_and_every_chunk_is_counted(pipe):
     from dreamzero.pipeline.budget import warmup_canvas_hw
 
     hw = warmup_canvas_hw(pipe)
     seen = []
     rows, best = robots_per_gpu.measure(pipe, [1, 2], chunks=3, period_s=3.0, hw=hw, max_rows=None, wait_s=0.005,
                                         on_row=seen.append)  # fmt: skip
-    assert seen == rows and [r["robots"] for r in rows] == [1, 2]
+    # the doubling goes on only after a fleet kept pace (a loaded CPU may miss even a 3 s pace: then it stops there)
+    assert seen == rows and [r["robots"] for r in rows] == [1, 2][: len(rows)]
+    assert len(rows) == 2 or not rows[0]["in_time"]
     for r in rows:
         assert r["chunks"] == 3 * r["robots"] and not r["errors"], r  # a session start + 2 continuing chunks each
         assert 0 < r["p50_ms"] <= r["p99_ms"] and r["in_time"] == (r["late"] == 0)
