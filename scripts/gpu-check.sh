@@ -22,9 +22,19 @@ cd "$(dirname "$0")/.."
 label="gpu-check"
 for arg in "$@"; do [ "$arg" = "--rehearse" ] && label="gpu-check rehearsal"; done
 fail() { echo "$label: FAIL $1: $2"; exit 1; }
-# whether the package index answers (a TCP connect, bounded): the air-gapped box must not wait for pip's retries
-index_host=$(printf '%s' "${PIP_INDEX_URL:-https://pypi.org/simple}" | sed -E 's#^[a-z+]+://([^/@]*@)?([^/:]+).*#\2#')
-reachable() { timeout "${GPU_CHECK_NET_PROBE_S:-5}" bash -c "exec 3<>/dev/tcp/$index_host/443" 2>/dev/null; }
+# whether pip's package index answers (a TCP connection to its host, bounded): the air-gapped box must not wait for
+# pip's retries. The index is pip's own: $PIP_INDEX_URL, its configuration, else its default.
+index_host() {
+  local py=${GPU_CHECK_PYTHON:-python3} url=${PIP_INDEX_URL:-}
+  [ -n "$url" ] || url=$("$py" -m pip config get global.index-url 2>/dev/null || true)
+  [ -n "$url" ] || url=$("$py" -c 'from pip._internal.models.index import PyPI; print(PyPI.simple_url)' 2>/dev/null)
+  printf '%s' "$url" | sed -E 's#^[a-z+]+://([^/@]*@)?([^/:]+).*#\2#'
+}
+reachable() {
+  local host
+  host=$(index_host)
+  [ -n "$host" ] && timeout "${GPU_CHECK_NET_PROBE_S:-5}" bash -c "exec 3<>/dev/tcp/$host/443" 2>/dev/null
+}
 
 # 1. fail fast: no driver, no GPU (a rehearsal needs neither)
 if [ "$label" = "gpu-check" ]; then
@@ -44,7 +54,7 @@ elif [ -d "$WHEELS" ] && [ "$label" = "gpu-check" ]; then
 elif [ "$label" = "gpu-check" ] && ! reachable; then
   # the air-gapped GPU box without its wheel folder: install.sh would make a bare venv and fail only after pip's
   # retries, minutes of the GPU window; say at once what to carry instead, and create nothing
-  fail install "no network (${index_host}:443 unreachable within ${GPU_CHECK_NET_PROBE_S:-5} s) and no wheel folder \
+  fail install "no network (pip's package index $(index_host) did not answer within ${GPU_CHECK_NET_PROBE_S:-5} s) and no wheel folder \
 at $WHEELS: on a networked machine run scripts/gpu-wheels.sh (it fills .cache/gpu-wheels for this box's Python 3.12), \
 carry that folder here as $WHEELS (or set GPU_WHEELS), and run this again; or set DREAMZERO_PYTHON to a Python that \
 has the project's dependencies"

@@ -68,8 +68,12 @@ def test_without_network_and_wheels_it_stops_at_once_saying_what_to_carry(tmp_pa
 def test_with_network_the_same_box_still_installs_with_install_sh(tmp_path):
     """The check above is the network's, not a blanket refusal: where the index answers, install.sh runs (here the
     marking stand-in, which then fails the install on purpose so that nothing further runs)."""
+    host = subprocess.run(
+        ["python3", "-c", "from pip._internal.models.index import PyPI; print(PyPI.netloc)"],
+        capture_output=True, text=True, timeout=30,
+    ).stdout.strip()  # fmt: skip
     probe = subprocess.run(
-        ["bash", "-c", "timeout 5 bash -c 'exec 3<>/dev/tcp/pypi.org/443'"], capture_output=True, timeout=30
+        ["bash", "-c", f"timeout 5 bash -c 'exec 3<>/dev/tcp/{host}/443'"], capture_output=True, timeout=30
     )
     if probe.returncode != 0:
         pytest.skip("no network here: the networked path cannot be shown")
