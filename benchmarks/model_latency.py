@@ -392,6 +392,10 @@ def main(argv=None) -> int:
     ap.add_argument("--section", help="docs section title to write (default: Model latency)")
     ap.add_argument("--json", help="also write the rows and the table to this JSON file")
     ap.add_argument("--results", help="append each row to this JSON-lines file as soon as it is measured")
+    ap.add_argument(
+        "--dit-weights", choices=("model", "fp8"), default="model",
+        help="the DiT's weights: the model dtype (default) or fp8 (weight-only, dreamzero.model.fp8)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     modes, notes = build_modes([v.strip() for v in args.compile.split(",") if v.strip()])
     if args.modes:
@@ -400,10 +404,16 @@ def main(argv=None) -> int:
         if unknown:
             ap.error(f"--modes: unknown {sorted(unknown)}; use {sorted(MODES)}")
         modes = {n: m for n, m in modes.items() if n.split(", compile")[0] in wanted}
+    if args.dit_weights == "fp8":  # the rows say so in their names, so the docs and results keep them apart
+        modes = {f"{n}, fp8 DiT weights": m for n, m in modes.items()}
     if not modes:
         ap.error("no mode left to run")
 
     model = build_model(args)
+    if args.dit_weights == "fp8":
+        from dreamzero.model.fp8 import convert_linears_to_fp8_
+
+        convert_linears_to_fp8_(model.model)  # the blocks' Linear weights, quantised in place (docs/model.md 8.2)
     hw = tuple(int(v) for v in args.canvas.split("x")) if args.canvas else CANVAS.get(args.preset, (32, 64))
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -10,6 +10,7 @@ Stages, the most valuable figures first (`STAGES`; `--only` picks some):
   robots      robots per GPU, DROID 14B at DROID's pace (benchmarks/robots_per_gpu.py)
   robots_5b   the same for the 5B LIBERO model
   latency_5b  5B LIBERO latency at batch 1 and at the largest batch the planner allows
+  fp8         the 14B eager row with fp8 DiT weights (dreamzero.model.fp8; what the planner picks on a 32 GB card)
   cfg2        the two-GPU CFG-parallel row (benchmarks/cfg_parallel.py), where two GPUs are present
   offline     the rehearsal only: the air-gapped box's install (tests/e2e/test_gpu_offline_env.py)
 
@@ -45,12 +46,13 @@ from gpu_docs import read_results, render_section  # noqa: E402
 
 from benchmarks.model_latency import write_docs  # noqa: E402
 
-STAGES = ("env", "smoke", "eager", "compiled", "tier", "robots", "robots_5b", "latency_5b", "cfg2", "offline")
+STAGES = ("env", "smoke", "eager", "compiled", "tier", "robots", "robots_5b", "latency_5b", "fp8", "cfg2", "offline")
 REHEARSAL_ONLY = ("offline",)
 #: each stage's own bound, seconds: on a GPU (sized for a ~10-minute window) / rehearsing on a 2-core CPU
 STAGE_S = {
     "env": (30, 60), "smoke": (90, 300), "eager": (180, 300), "compiled": (240, 600), "tier": (300, 1500),
-    "robots": (120, 180), "robots_5b": (90, 180), "latency_5b": (120, 300), "cfg2": (300, 60), "offline": (60, 600),
+    "robots": (120, 180), "robots_5b": (90, 180), "latency_5b": (120, 300), "fp8": (120, 300),
+    "cfg2": (300, 60), "offline": (60, 600),
 }  # fmt: skip
 #: the simulated cards of the rehearsal: an 80 GB H100 and a 141 GB H200
 REHEARSAL_CARDS = ("80GiB", "141GiB")
@@ -125,6 +127,11 @@ def stage_commands(stage: str, rehearse: bool, py: str, results: Path, card: str
         # this CPU's bf16 kernels are slow: the rehearsal's rows in fp32 (the tier shows bf16), the mask's modes only
         modes = "16 steps,8-step mask (upstream)" if stage == "eager" else "8-step mask (upstream)"
         return [[*lat[:5], "float32", *lat[6:], "--preset", "tiny", "--repeats", "5", "--modes", modes, *compile_]]
+    if stage == "fp8":  # the 14B's eager row with fp8 DiT weights (what the planner picks on a 32 GB card)
+        fp8 = ["--dit-weights", "fp8", "--compile", "none", "--modes", "8-step mask (upstream)"]
+        if not rehearse:
+            return [[*lat, "--preset", "droid_14b", "--repeats", "5", *fp8]]
+        return [[*lat[:5], "float32", *lat[6:], "--preset", "tiny", "--repeats", "5", *fp8]]
     if stage == "latency_5b":  # the rehearsal's CPU affords the tiny model at most 2 rows (the planner allows more)
         if rehearse:
             lat, size = [*lat[:5], "float32", *lat[6:]], ["--preset", "tiny", "--batch-cap", "2"]

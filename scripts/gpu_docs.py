@@ -167,7 +167,7 @@ def render_section(results: list[dict], planned: list[str], rehearse: bool, took
         ]
     lines += ["", "### Against the references", "", *comparison(results, status)]
     lines += ["", "### Latency per chunk (`benchmarks/model_latency.py`)", ""]
-    lines += latency_table(results, ("eager", "compiled", "latency_5b"))
+    lines += latency_table(results, ("eager", "compiled", "latency_5b", "fp8"))
     lines += ["", "### GPU tier (`tests/gpu`)", "", *tier_table(results)]
     lines += ["", "### Robots per GPU (`benchmarks/robots_per_gpu.py`)", "", *robots_table(results)]
     return "\n".join(lines) + "\n"
