@@ -111,7 +111,11 @@ def section(records: dict[str, dict[int, dict]], planned: int) -> str:
             f"| {arm} | {wins} / {len(common)} ({wins / len(common):.0%}) | {lo:.0%}-{hi:.0%} | "
             f"{', '.join(only) or 'none'} |"
         )
-    lines += ["", "Reproduce: `python benchmarks/fp8_eval.py --out runs/fp8-eval --write-docs`."]
+    lines += [
+        "",
+        "Reproduce: `python benchmarks/fp8_eval.py --out runs/fp8-eval --write-docs` (both arms in turn), or one arm "
+        "per process (`--arm full`, `--arm fp8`, in parallel), then `--records-only --write-docs`.",
+    ]
     return "\n".join(lines)
 
 
