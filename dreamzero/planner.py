@@ -398,12 +398,13 @@ def device_memory(device) -> int | None:
     return None
 
 
-def check_fits(plan: Plan, rows_spec, bytes_spec, placement) -> None:
-    """At `serve run` and at a replica's start: ConfigError naming the setting to change when `plan` does not fit."""
+def check_fits(plan: Plan, rows_spec, bytes_spec, placement, rows_field: str | None = None) -> None:
+    """At `serve run` and at a replica's start: ConfigError naming the setting to change when `plan` does not fit
+    (`rows_field`: how to name the rows when they were not given as a number, e.g. null's sessions.max_sessions)."""
     if plan.fits:
         return
     if isinstance(rows_spec, int) and rows_spec > 1:
-        field = f"batching.max_batch_rows={rows_spec}"
+        field = rows_field or f"batching.max_batch_rows={rows_spec}"
     elif isinstance(bytes_spec, int):
         field = f"sessions.max_bytes={bytes_spec / G:.1f}GiB"
     elif explicit_placement(placement):
@@ -430,11 +431,12 @@ def plan_for_replica(
         return None
     cfg = model_config_for(model_path, layout, checkpoint_config)
     cfg = dataclasses.replace(cfg, pipeline=apply_overrides(cfg.pipeline, dict(overrides or {}) or None))
+    field = f"batching.max_batch_rows=null (sessions.max_sessions={max_sessions})" if rows is None else None
     rows = max_sessions if rows is None else rows
     dt = parse_dtype(dtype) if dtype else torch.bfloat16
     plan = plan_serving(
         cfg, memory, dtype=dt, cfg_parallel=cfg_parallel, max_sessions=max_sessions, rows=rows, max_bytes=max_bytes,
         placement=placement, name=getattr(cfg, "name", None) or str(model_path),
     )  # fmt: skip
-    check_fits(plan, rows, max_bytes, placement)
+    check_fits(plan, rows, max_bytes, placement, field)
     return plan

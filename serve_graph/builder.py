@@ -207,14 +207,16 @@ def check_gpu_fit(cfg: AppArgs) -> None:
     if model_cfg is None:  # a replay loads no weights
         return
     dtype = parse_dtype(cfg.dtype) if cfg.dtype else torch.bfloat16
-    rows = cfg.batching.max_batch_rows
-    rows = cfg.sessions.max_sessions if rows is None else rows  # null: a batch as large as the session store
+    rows, field = cfg.batching.max_batch_rows, None
+    if rows is None:  # null: a batch as large as the session store
+        rows = cfg.sessions.max_sessions
+        field = f"batching.max_batch_rows=null (sessions.max_sessions={rows})"
     plan = plan_serving(
         model_cfg, facts.total_bytes, dtype=dtype, cfg_parallel=cfg.policy.cfg_parallel,
         max_sessions=cfg.sessions.max_sessions, rows=rows, max_bytes=cfg.sessions.max_bytes,
         placement=dict(cfg.policy.placement), name=cfg.model_path or getattr(model_cfg, "name", None),
     )  # fmt: skip
-    check_fits(plan, rows, cfg.sessions.max_bytes, dict(cfg.policy.placement))
+    check_fits(plan, rows, cfg.sessions.max_bytes, dict(cfg.policy.placement), field)
     log.info("memory plan: %s", plan.summary())
 
 

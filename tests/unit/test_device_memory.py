@@ -131,8 +131,8 @@ def test_serve_run_fails_before_any_replica_on_rows_that_cannot_fit(monkeypatch)
     base = {"model_path": resolve_model_path("embedded:small-scene1"), "checkpoint_config": "droid_14b"}
     base["policy"] = {"num_gpus": 1}
     check_gpu_fit(parse_app_args(base))  # the shipped default: batching.max_batch_rows auto
-    with pytest.raises(ConfigError, match=r"batching.max_batch_rows=128: .*does not fit"):
-        check_gpu_fit(parse_app_args({**base, "batching": {"max_batch_rows": None}}))  # null: 128 rows
+    with pytest.raises(ConfigError, match=r"batching.max_batch_rows=null \(sessions.max_sessions=128\): .*not fit"):
+        check_gpu_fit(parse_app_args({**base, "batching": {"max_batch_rows": None}}))
     monkeypatch.delenv(SIMULATED_GPU_ENV)
     with pytest.raises(ConfigError, match="CUDA is not available"):
         check_gpu_fit(parse_app_args(base))
