@@ -82,9 +82,10 @@ def test_a_stopped_stage_leaves_nothing_of_its_process_group(tmp_path, ignores_s
         time.sleep(0.05)
     child = int(child_pid.read_text())
     t0 = time.monotonic()
-    gpu_check.stop_group(proc, grace_s=1.0)
+    # a loaded machine may take seconds to run the SIGINT handler: the grace is only short where it is ignored
+    gpu_check.stop_group(proc, grace_s=1.0 if ignores_sigint else 30.0)
     assert proc.returncode == (-signal.SIGKILL if ignores_sigint else -signal.SIGINT)
-    assert time.monotonic() - t0 < 15
+    assert time.monotonic() - t0 < 45
 
     def alive(pid: int) -> bool:  # a zombie waiting for init to reap it is gone
         try:
