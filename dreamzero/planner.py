@@ -304,9 +304,10 @@ def _why(cand, tried, fit, sizes, max_sessions, explicit) -> tuple[str, ...]:
     first = tried[0]
     if cand != first[0]:
         held = "none" if first[2] is None else f"{min(max_sessions, first[2].sessions)} session(s)"
+        rule = "" if first[2] is None else f" (a costlier placement is taken for {100 - 100 * ENOUGH:.0f} % more)"
         out.append(
             f"with {describe(first[0])} the card holds {held}; {describe(cand)} holds "
-            f"{min(max_sessions, fit.sessions)} (a costlier placement is taken for {100 - 100 * ENOUGH:.0f} % more)"
+            f"{min(max_sessions, fit.sessions)}{rule}"
         )
     if explicit:
         out.append("set explicitly: " + ", ".join(f"{k}={v}" for k, v in sorted(explicit.items())))
