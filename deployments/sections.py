@@ -209,7 +209,7 @@ class PolicyArgs(Strict):
         try:
             explicit_placement(v)
         except ConfigError as exc:
-            raise ValueError(str(exc).removeprefix("policy.placement")) from None
+            raise ValueError(str(exc).removeprefix("policy.placement").lstrip(".: ")) from None
         return v
 
     @model_validator(mode="after")
