@@ -170,3 +170,14 @@ def test_the_docs_table_is_the_planners(table):
     doc = (Path(__file__).resolve().parents[2] / "docs" / "model.md").read_text()
     shown = doc.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip()
     assert shown == table.markdown(), "regenerate: dreamzero-plan --table --write-docs docs/model.md"
+
+
+def test_serve_config_placement_is_validated_naming_the_field():
+    from serve_graph.config import parse_app_args
+
+    ok = parse_app_args({"policy": {"placement": {"text_encoder": "auto", "dit_weights": "fp8"}}})
+    assert ok.policy.placement == {"text_encoder": "auto", "dit_weights": "fp8"}
+    with pytest.raises(ConfigError, match=r"args.policy.placement: text_encoder='disk': use one of"):
+        parse_app_args({"policy": {"placement": {"text_encoder": "disk"}}})
+    with pytest.raises(ConfigError, match=r"args.policy.placement: unknown key\(s\) \['txt'\]"):
+        parse_app_args({"policy": {"placement": {"txt": "cpu"}}})
