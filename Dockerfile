@@ -36,11 +36,11 @@ COPY --chown=ray:users deployments/ deployments/
 COPY --chown=ray:users eval/ eval/
 
 # As scripts/install.sh installs it, without what only tests and simulators need (the dev, sim and LIBERO extras):
-# the client package and the project, editable, so the code serve run imports is this tree; torch held to
+# the client packages the server uses and the project, editable, so the code serve run imports is this tree; torch held to
 # TORCH_VERSION by PIP_CONSTRAINT (pip reads it for every install in this image).
 RUN echo "torch==${TORCH_VERSION}" > /home/ray/torch-constraint.txt
 ENV PIP_CONSTRAINT=/home/ray/torch-constraint.txt
-RUN python -m pip install --no-cache-dir -e ./clients -e . \
+RUN python -m pip install --no-cache-dir -e "./clients/dreamzero-client[http,zmq]" -e ./clients/dreamzero-droid -e . \
     && python -c "import torch, ray; assert torch.version.cuda, 'CPU-only torch'; print(torch.__version__, ray.__version__)"
 
 EXPOSE 8000

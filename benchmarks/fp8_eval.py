@@ -34,7 +34,7 @@ def build_policy(arm: str):
     from dreamzero.embedded_default import resolve_model_path
     from dreamzero.model.fp8 import convert_linears_to_fp8_
     from dreamzero.policy import EmbeddedPolicy
-    from dreamzero_client.policy import DroidPolicy
+    from dreamzero_droid.policy import DroidPolicy
     from eval.policy_links import EmbeddedLink
 
     embedded = EmbeddedPolicy.load(model_path=resolve_model_path(MODEL), embodiment="oxe_droid")

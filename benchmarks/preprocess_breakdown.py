@@ -25,7 +25,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the sibling helper module
 from serving_common import droid_observation, machine_line, percentile, request_body, write_section
 
-from dreamzero_client.wire import codec, generations
+from deployments.requests.generations import parse_generation_request
+from dreamzero_client.wire import codec
 
 
 def _clock(fn: Callable[[], object]) -> tuple[float, float]:
@@ -50,7 +51,7 @@ def _stages(frames: int) -> dict[str, Callable[[], object]]:
     emb: OxeDroid = fast.embodiment
     obs = droid_observation(frames, seed=1)
     body = request_body(obs, "bench", None)
-    req = generations.parse_generation_request(codec.decode_msgpack(body)[0])
+    req = parse_generation_request(codec.decode_msgpack(body)[0])
     parsed = emb.parse_observation(req.observation, batched=True)
     views = parsed.views
     batch, ctx = fast.run(req)
@@ -68,9 +69,7 @@ def _stages(frames: int) -> dict[str, Callable[[], object]]:
     resized = {k: emb.crop_resize(v.reshape(frames, *v.shape[2:]))[None] for k, v in views.items()}
     return {
         "client: build + msgpack encode": lambda: request_body(obs, "bench", None),
-        "ingress: msgpack decode + request validation": lambda: generations.parse_generation_request(
-            codec.decode_msgpack(body)[0]
-        ),
+        "ingress: msgpack decode + request validation": lambda: parse_generation_request(codec.decode_msgpack(body)[0]),
         "hop ingress -> preprocess: cloudpickle request": lambda: hop(req),
         "preprocess: observation validation": lambda: emb.parse_observation(req.observation, batched=True),
         "one camera, old: CropResize (torch float)": lambda: emb.crop_resize(ext1),

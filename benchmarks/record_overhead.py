@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from serving_common import machine_line, write_section
 
-from dreamzero_client.recording import DatasetRecorder
+from dreamzero_droid.lerobot import DatasetRecorder
 
 TITLE = "Recording from the control loop (--record-dataset)"
 CAMERAS = ("observation.images.exterior_image_1_left", "observation.images.exterior_image_2_left",
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
 A {args.hz:g} Hz loop over three 180x320 views and an 8-number state, {args.episodes} episodes of {args.steps} steps
 per arm, the arms alternating episode by episode (either first, half the episodes each); each step does a few ms
 of numpy work on the views (the client's own), then `add_frame` in the recording arm
-(`dreamzero_client.recording.DatasetRecorder`: H.264 per camera through an ffmpeg subprocess, parquet and meta files
+(`dreamzero_droid.lerobot.DatasetRecorder`: H.264 per camera through an ffmpeg subprocess, parquet and meta files
 at each episode's end, all on the writer thread), then sleeps to the next tick; {machine_line()}.
 
 | recording | steps | loop work p50 / p99 ms | add_frame wall p50 / p99 / max ms | late tick p50 / p99 ms | > period |

@@ -168,7 +168,7 @@ class ModelCeiling:
     Sampled between the served runs; `best()` keeps each size's fastest sample (the least disturbed)."""
 
     def __init__(self, sizes: list[int], torch_threads: int, repeats: int = 3):
-        from deployments.policy import CpuThreads
+        from deployments.engine import CpuThreads
         from dreamzero.pipeline import DreamZeroPipeline
 
         self.sizes, self.repeats = (1, *sizes), repeats

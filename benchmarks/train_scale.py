@@ -29,7 +29,7 @@ from serving_common import machine_line, write_section
 
 from dreamzero.train.distributed import run_distributed
 from dreamzero.train.trainer import TrainConfig
-from eval.mujoco_droid.lerobot_writer import Episode, write_dataset
+from dreamzero_droid.lerobot import Episode, write_dataset
 from eval.mujoco_droid.record import MODALITY, VIDEO_FEATURES
 
 TITLE = "Training: 2 workers vs 1 (CPU)"

@@ -168,7 +168,7 @@ def vae_round_trip(model: str) -> float:
     env = MujocoDroidEnv(1, max_episode_steps=200, layouts="compact")
     try:
         obs, _ = env.reset(seed=100000)
-        from dreamzero_client import droid
+        from dreamzero_droid import droid
 
         frames = [droid.make_frame(obs)]
         for _ in range(8):

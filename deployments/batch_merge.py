@@ -8,11 +8,10 @@ every forward, whatever their sessions' frame positions.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from dreamzero.types import ChunkResult, ModelBatch
+from dreamzero.types import ROW_OPTIONS, ChunkResult, ModelBatch
 
 
 @dataclass
@@ -53,52 +52,36 @@ def plan_groups(batches: list[ModelBatch]) -> list[list[int]]:
 
 
 def merge_batches(batches: list[ModelBatch], default_seed: int) -> ModelBatch:
-    """Concatenate stackable requests row-wise into one ModelBatch."""
+    """Concatenate stackable requests row-wise into one ModelBatch; every per-row option (`ROW_OPTIONS`) is carried,
+    a request that left one unset filling its rows with what unset means."""
     if len(batches) == 1:
         return batches[0]
-
-    def rows(name: str, fill: Any) -> list:
-        out: list = []
-        for b in batches:
-            value = getattr(b, name)
-            out.extend(value if value is not None else [fill] * len(b))
-        return out
 
     def cat(name: str) -> np.ndarray:
         arrays = [getattr(b, name) for b in batches]
         return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)  # a lone request's canvas is not copied
 
     first = batches[0]
+    options = {}
+    for name, (fill, always) in ROW_OPTIONS.items():
+        if not always and all(getattr(b, name) is None for b in batches):
+            options[name] = None
+            continue
+        fill = default_seed if name == "seeds" else fill
+        options[name] = [row for b in batches for row in (getattr(b, name) or [fill] * len(b))]
     return ModelBatch(
         images=cat("images"),
         state=cat("state"),
         state_mask=cat("state_mask"),
         prompts=[p for b in batches for p in b.prompts],
         session_ids=[s for b in batches for s in b.session_ids],
-        negative_prompts=None if first.negative_prompts is None else rows("negative_prompts", None),
-        reset_mask=rows("reset_mask", False),
-        expected_steps=rows("expected_steps", None),
-        expected_incarnations=rows("expected_incarnations", None),
-        seeds=rows("seeds", default_seed),
-        embodiment_id=None if first.embodiment_id is None else rows("embodiment_id", 0),
-        rtc_prefix_len=_rows_or_none(batches, "rtc_prefix_len"),
-        rtc_exec_horizon=_rows_or_none(batches, "rtc_exec_horizon"),
-        action_prefix=_rows_or_none(batches, "action_prefix"),
+        embodiment_id=None
+        if first.embodiment_id is None
+        else [e for b in batches for e in b.embodiment_id or [0] * len(b)],
         action_gain=None if first.action_gain is None else cat("action_gain"),
         action_bias=None if first.action_bias is None else cat("action_bias"),
-        return_video=None if all(b.return_video is None for b in batches) else rows("return_video", False),
+        **options,
     )
-
-
-def _rows_or_none(batches: list[ModelBatch], name: str) -> list | None:
-    """A per-row field across merged requests: None when no request set it, else rows of the others are None."""
-    if all(getattr(b, name) is None for b in batches):
-        return None
-    out: list = []
-    for b in batches:
-        value = getattr(b, name)
-        out.extend(value if value is not None else [None] * len(b))
-    return out
 
 
 def split_result(result: ChunkResult, sizes: list[int]) -> list[ChunkResult]:

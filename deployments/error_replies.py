@@ -16,8 +16,9 @@ from ray import exceptions as ray_exc
 from ray.serve import exceptions as serve_exc
 from starlette.responses import Response
 
+from deployments.requests import openpi
 from dreamzero import errors
-from dreamzero_client.wire import codec, openpi, replies
+from dreamzero_client.wire import codec, replies
 
 log = logging.getLogger("dreamzero.serve")
 

@@ -1,8 +1,9 @@
 """The one request path behind every front door: a parsed request -> Preprocess -> Policy -> Postprocess -> reply data.
 
-HTTP, the OpenPI WebSocket and the ZeroMQ door each decode their wire into a `GenerationRequest`, call
-`GraphRunner.run` and encode the `GraphReply` in their own format; so the transport choice, the stage timings, the
-deadline, the cancellation of downstream calls and the session reports are the same whichever door a robot uses.
+HTTP, the OpenPI WebSocket and the ZeroMQ door each decode their wire into a `GenerationRequest` (its per-row options
+one `RowOptions`, carried as it is to the model batch), call `GraphRunner.run` and encode the `GraphReply` in their
+own format; so the transport choice, the stage timings, the deadline, the cancellation of downstream calls and the
+session reports are the same whichever door a robot uses.
 Errors are raised as they are; each door maps them through the one table (`deployments.error_replies`).
 
 Tenants are applied here, once for every door: the caller's tenant (from its key, `deployments.auth`) scopes every
@@ -23,16 +24,17 @@ from typing import Any
 import numpy as np
 
 from deployments.calls import Transport, arrays_bytes, bounded, over_grpc
+from deployments.config.settings import GraphSettings
 from deployments.metrics import ServingMetrics, serving_metrics
 from deployments.model_info import ModelInfo
 from deployments.preprocess import load_embodiment, normalised_batch
+from deployments.requests.generations import GenerationRequest
 from deployments.routing import policy_generate, sticky_call
-from deployments.settings import GraphSettings
 from deployments.stages import RawStages
 from deployments.tenants import DEFAULT_TENANT, SessionLimits, TenantQuotas, scoped_id
 from dreamzero.errors import CapacityError, InvalidObservation, NotReady, QuotaExceeded
+from dreamzero.session_notice import SingleFrameNotice
 from dreamzero.types import SessionReport
-from dreamzero_client.wire.generations import GenerationRequest
 
 log = logging.getLogger("dreamzero.serve.graph")
 
@@ -57,7 +59,7 @@ def scope_request(req: GenerationRequest, tenant: str) -> GenerationRequest:
     key = scoped_id(tenant, req.route_key)
     if ids == req.session_ids and key == req.route_key:
         return req
-    return dataclasses.replace(req, session_ids=ids, routing_key=key)
+    return dataclasses.replace(req, rows=req.rows.replace(session_ids=ids), routing_key=key)
 
 
 def own_reports(reports: list[SessionReport], own_ids: list[str]) -> list[SessionReport]:
@@ -125,6 +127,7 @@ class GraphRunner:
         self.stages = RawStages(self.embodiment, Transport(preprocess), self.postprocess, settings, self.metrics)
         self.quotas = TenantQuotas(settings.tenants)
         self._info: ModelInfo | None = None
+        self.single_frame = SingleFrameNotice(log)  # the loop that resends a first call's 1 frame, told once
 
     @property
     def max_rows(self) -> int:
@@ -153,6 +156,7 @@ class GraphRunner:
         except (asyncio.TimeoutError, asyncio.CancelledError):
             calls.cancel()
             raise
+        self.single_frame(reply.sessions)  # scoped ids: one tenant's session never hides another's
         if scoped is not req:
             reply.sessions = own_reports(reply.sessions, req.session_ids)
         return reply
@@ -169,8 +173,6 @@ class GraphRunner:
             timings["preprocess"] = (time.perf_counter() - t0) * 1000.0
         else:
             batch = normalised_batch(req)
-        if req.return_video:
-            batch.return_video = [True] * len(batch)
         t1 = time.perf_counter()
         policy = self.policy_transport.pick(arrays_bytes(batch))
         out = await calls(policy_generate(policy, req.route_key, batch, limits))

@@ -1,5 +1,6 @@
-"""Ingress deployment: the application's front door on Serve's HTTP proxy. It hosts the HTTP door and the OpenPI
-WebSocket door on one ASGI app over one graph runner, and never loads the model.
+"""Ingress deployment: the application's front door on Serve's HTTP proxy. It hosts every registered door that runs
+on its ASGI app (the HTTP door, the OpenPI WebSocket door: `deployments.doors.hosted_doors`) over one graph runner,
+and never loads the model.
 
 Serve deploys only the deployments an application's ingress reaches through its constructor arguments, so the
 ingress also holds the handles of the other doors (the ZeroMQ door, a deployment of its own that binds a port).
@@ -11,10 +12,11 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from deployments.doors.http import HttpDoor, build_fastapi_app
-from deployments.doors.openpi_ws import OpenPISocketServer
+from deployments.config.settings import IngressSettings
+from deployments.doors import hosted_doors
+from deployments.doors.http import build_fastapi_app
+from deployments.doors.openpi_ws import OpenPISocketServer  # noqa: F401 - importing a door module registers it
 from deployments.graph_runner import GraphRunner
-from deployments.settings import IngressSettings
 from deployments.tenants import TenantKeys, parse_door_config
 
 
@@ -33,8 +35,8 @@ class IngressDeployment:
         self.settings = settings or IngressSettings()
         self.runner = GraphRunner(preprocess, policy, postprocess, self.settings.graph)
         self.keys = TenantKeys.from_settings(self.settings.auth)  # one key check for both doors
-        self.http = HttpDoor(self.runner, self.settings, self.keys)
-        self.openpi = OpenPISocketServer(self.runner, self.settings, self.keys)
+        self.hosted = hosted_doors(self.runner, self.settings, self.keys)  # every registered door this app serves
+        self.http, self.openpi = self.hosted["http"], self.hosted["openpi_ws"]
         self.doors = dict(doors or {})
 
     def reconfigure(self, user_config: dict) -> None:
@@ -46,17 +48,4 @@ class IngressDeployment:
 
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Serve calls this once per replica, after __init__."""
-        return build_fastapi_app(self.http, self.openpi)
-
-    # the HTTP door's calls without HTTP (the graph tests drive the ingress through its handle)
-    async def generate(self, body: bytes, content_type: str | None) -> tuple[bytes, str]:
-        return await self.http.generate(body, content_type)
-
-    async def health(self) -> dict:
-        return await self.http.health()
-
-    async def metadata(self) -> dict:
-        return await self.http.metadata()
-
-    async def models(self) -> dict:
-        return await self.http.models()
+        return build_fastapi_app(self.http, *(door for door in self.hosted.values() if door is not self.http))

@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from deployments.sections import Strict
+from deployments.config.sections import Strict
 from dreamzero.errors import ConfigError
 
 #: the inference-loop fields read afresh at every model call (the rest shape session state or were sized at start)
@@ -89,8 +89,9 @@ def parse_live_tuning(config: dict[str, Any] | None) -> LiveTuning:
 
 
 def apply_live_tuning(replica: Any, tuning: LiveTuning) -> dict[str, Any]:
-    """Set the knobs on a PolicyDeployment (`replica`), each from `tuning` or else from its start settings; returns
-    what is in effect. Checks everything before changing anything, so a refused config leaves the replica as it was."""
+    """Set the knobs on a PolicyDeployment's parts (`replica`: its engine's store and loop config, its batcher, its
+    admission), each from `tuning` or else from its start settings; returns what is in effect. Checks everything
+    before changing anything, so a refused config leaves the replica as it was."""
     start = replica.settings
     sessions = start.sessions.model_copy(update=tuning.sessions.model_dump(exclude_none=True))
     batching = start.batching.model_copy(update=tuning.batching.model_dump(exclude_none=True))
@@ -99,22 +100,22 @@ def apply_live_tuning(replica: Any, tuning: LiveTuning) -> dict[str, Any]:
             f"user_config.sessions.max_sessions: {sessions.max_sessions} is above the start value "
             f"{start.sessions.max_sessions} this replica's memory was sized for; raise it in args (new replicas)"
         )
+    engine = replica.engine
     pipeline_cfg = None
-    if hasattr(replica.pipeline, "config") and start.replay is None:
-        base = getattr(replica, "_start_pipeline_config", None) or replica.pipeline.config
-        replica._start_pipeline_config = base
-        if tuning.pipeline and getattr(replica, "_peer", None) is not None:
+    if hasattr(engine.pipeline, "config") and start.replay is None:
+        base = replica.start_loop  # the loop knobs of `args`: a user_config's `pipeline` applies over them
+        if tuning.pipeline and engine.cfg_parallel == 2:
             raise ConfigError("user_config.pipeline: not live with policy.cfg_parallel: 2 (both ranks run the loop)")
         try:
             pipeline_cfg = type(base).model_validate({**base.model_dump(), **tuning.pipeline})
         except ValidationError as err:
             raise ConfigError(f"user_config.pipeline: {err.errors()[0]['msg']}") from None
-    store = replica.pipeline.store
+    store = engine.store
     store.ttl_s, store.max_sessions = sessions.ttl_s, sessions.max_sessions
-    replica._batcher.max_batch_size, replica._batcher.wait_s = batching.max_batch_size, batching.batch_wait_timeout_s
-    replica.rows_per_request = batching.rows_per_request
+    replica.batcher.max_batch_size, replica.batcher.wait_s = batching.max_batch_size, batching.batch_wait_timeout_s
+    replica.admission.rows_per_request = batching.rows_per_request
     if pipeline_cfg is not None:
-        replica.pipeline.config = pipeline_cfg  # read afresh by the next model call (denoise_block)
+        engine.pipeline.config = pipeline_cfg  # read afresh by the next model call (denoise_block)
     return {
         "sessions": {"ttl_s": store.ttl_s, "max_sessions": store.max_sessions},
         "batching": {

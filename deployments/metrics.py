@@ -82,6 +82,11 @@ class ServingMetrics:
             "no_capacity, ...).",
             tag_keys=("tenant", "door", "code"),
         )
+        self.tenant_bytes = Counter(
+            "dreamzero_tenant_bytes_total",
+            description="Bytes of requests received (`in`) and replies sent (`out`) per tenant, by front door.",
+            tag_keys=("tenant", "door", "direction"),
+        )
         self.tenant_live_sessions = Gauge(
             "dreamzero_tenant_live_sessions",
             description="Sessions held by this policy replica, per tenant.",
@@ -109,6 +114,12 @@ class ServingMetrics:
         self.tenant_requests.inc(1, tags={"tenant": tenant, "door": door, "status": str(status)})
         if code is not None:
             self.tenant_errors.inc(1, tags={"tenant": tenant, "door": door, "code": code})
+
+    def count_bytes(self, tenant: str, door: str, received: int, sent: int) -> None:
+        """The bytes of one request of `tenant` at `door` and of its reply."""
+        for direction, n in (("in", received), ("out", sent)):
+            if n:
+                self.tenant_bytes.inc(int(n), tags={"tenant": tenant, "door": door, "direction": direction})
 
     def observe_sessions(self, reports: Iterable[SessionReport]) -> None:
         for report in reports:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from deployments.requests import openpi
 from dreamzero.embodiments import Embodiment
-from dreamzero_client.wire import openpi
 
 
 @dataclass(frozen=True)

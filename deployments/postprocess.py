@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from deployments.config.settings import StageSettings
 from deployments.preprocess import load_embodiment
-from deployments.settings import StageSettings
 from dreamzero.embodiments import PostprocessContext
 
 

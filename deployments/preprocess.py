@@ -8,19 +8,19 @@ data (read once by `build_app`, serve_graph/model_source.py): this process never
 
 from __future__ import annotations
 
-from deployments.settings import EmbodimentSource, StageSettings
+from deployments.config.settings import EmbodimentSettings, StageSettings
+from deployments.requests.generations import GenerationRequest
 from dreamzero.embodiments import Embodiment, PostprocessContext, get_embodiment
 from dreamzero.errors import InvalidRequest
 from dreamzero.types import ModelBatch
-from dreamzero_client.wire.generations import GenerationRequest
 from dreamzero_client.wire.openpi import OPENPI_DROID_KEY_MAP
 
 
-def load_embodiment(source: EmbodimentSource | str = "oxe_droid") -> Embodiment:
+def load_embodiment(source: EmbodimentSettings | str = "oxe_droid") -> Embodiment:
     """The embodiment with the statistics `build_app` read ({tag: entry}); a bare tag or no metadata: the shipped
     synthetic file."""
     if isinstance(source, str):
-        source = EmbodimentSource(tag=source)
+        source = EmbodimentSettings(tag=source)
     return get_embodiment(source.tag, source.metadata)
 
 
@@ -39,20 +39,8 @@ def preprocess_request(embodiment: Embodiment, request: GenerationRequest) -> tu
         raise InvalidRequest(
             f"input.observation holds {len(inputs)} rows but parameters.session_ids has {request.batch_size}"
         )
-    batch = inputs.to_model_batch(
-        request.session_ids,
-        list(request.reset_mask),
-        request.expected_steps,
-        request.seeds,
-        expected_incarnations=request.expected_incarnations,  # else a stale state with a matching step is reused
-        rtc_prefix_len=request.rtc_prefix_len,
-        rtc_exec_horizon=request.rtc_exec_horizon,
-        action_prefix=request.action_prefix,  # robot units; the batch's action codec brings them to the model's
-    )
-    if request.negative_prompts is not None:
-        batch.negative_prompts = list(request.negative_prompts)
-    # with the step, the incarnation tells stale state of the same step (left on a replica) from the client's
-    batch.expected_incarnations = request.expected_incarnations
+    # the rows' options as sent: an action prefix in robot units, which the batch's action codec brings to the model's
+    batch = request.rows.to_batch(inputs.to_model_batch(list(request.session_ids)))
     return batch, context
 
 
@@ -62,23 +50,16 @@ def normalised_batch(request: GenerationRequest) -> ModelBatch:
         raise InvalidRequest("only a normalised-form request maps directly onto a ModelBatch; run preprocess")
     obs = request.observation
     emb = obs.get("embodiment_id")
-    return ModelBatch(
+    batch = ModelBatch(
         images=obs["images"],
         state=obs["state"],
         state_mask=obs["state_mask"],
         prompts=list(request.prompts),
         session_ids=list(request.session_ids),
-        negative_prompts=request.negative_prompts,
-        reset_mask=list(request.reset_mask),
-        expected_steps=request.expected_steps,
-        expected_incarnations=request.expected_incarnations,
-        seeds=request.seeds,
         embodiment_id=None if emb is None else [int(x) for x in emb],
-        rtc_prefix_len=request.rtc_prefix_len,
-        rtc_exec_horizon=request.rtc_exec_horizon,
-        action_prefix=request.action_prefix,  # normalised units: this form has no action codec
         routing_key=request.route_key,
     )
+    return request.rows.to_batch(batch)  # an action prefix in normalised units: this form has no action codec
 
 
 class PreprocessDeployment:

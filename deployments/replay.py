@@ -46,15 +46,21 @@ class ReplayStore:
     `on_evict`, `check_group_room`, share-first eviction); `in` and `stats()` as the Policy deployment uses. A cursor
     has no TTL and holds no tensors, so a refused tenant is told to retry after `retry_after_s`."""
 
-    def __init__(self, max_sessions: int, retry_after_s: float = 5.0):
+    def __init__(
+        self,
+        max_sessions: int,
+        retry_after_s: float = 5.0,
+        group_of: Callable[[str], str] | None = None,
+        on_evict: Callable[[str, str], None] | None = None,
+    ):
         self.max_sessions = max_sessions
         self.retry_after_s = retry_after_s
         self.cursors: dict[str, _Cursor] = {}  # least recently used first
         self.evictions = 0
         self._evicted: OrderedDict[str, None] = OrderedDict()  # ids evicted lately, to report "evicted"
         self._remember = max(1024, 16 * max_sessions)
-        self.group_of: Callable[[str], str] | None = None
-        self.on_evict: Callable[[str, str], None] | None = None
+        self.group_of = group_of
+        self.on_evict = on_evict
 
     def __contains__(self, session_id: str) -> bool:
         return session_id in self.cursors
@@ -145,6 +151,7 @@ class ReplayPipeline:
         stride: int | None = None,
         action_columns: list[str] | None = None,
         max_sessions: int = 128,
+        store: ReplayStore | None = None,
     ):
         self.replay = ReplayPolicy(dataset, episode, embodiment, action_columns, stride)
         self.embodiment = embodiment
@@ -153,7 +160,7 @@ class ReplayPipeline:
         self.config = PipelineConfig()
         # what `/v1/models` and `/v1/actions/metadata` report as the config: say plainly that no model answers
         self.model = SimpleNamespace(config=SimpleNamespace(name="replay", embodiment_tag=embodiment.tag, dit=None))
-        self.store = ReplayStore(max_sessions)
+        self.store = store if store is not None else ReplayStore(max_sessions)  # a server's: with its tenants
         self._lock = threading.Lock()
         recorded = self.replay.actions.astype(np.float64)
         # normalised-form answer: q99 per action key, padded to the model's width

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 
 from deployments.calls import Transport
+from deployments.config.settings import GraphSettings
 from deployments.metrics import ServingMetrics
 from deployments.preprocess import preprocess_request
-from deployments.settings import GraphSettings
+from deployments.requests.generations import GenerationRequest
 from dreamzero.embodiments import Embodiment, PostprocessContext
-from dreamzero_client.wire.generations import GenerationRequest
 
 log = logging.getLogger("dreamzero.serve.stages")
 

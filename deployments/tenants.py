@@ -35,7 +35,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from deployments.audit import audit_log, field
-from deployments.sections import TENANT_NAME, TENANT_NAME_RULE, Strict, TenantQuota, TenantsArgs
+from deployments.config.sections import TENANT_NAME, TENANT_NAME_RULE, Strict, TenantQuotaArgs, TenantsArgs
 from dreamzero.errors import ConfigError, QuotaExceeded
 
 log = logging.getLogger("dreamzero.serve.tenants")
@@ -261,14 +261,14 @@ class TenantQuotas:
     def __init__(self, args: TenantsArgs, clock: Callable[[], float] = time.monotonic):
         self._clock = clock
         self.args = self._start = args
-        self._buckets: dict[str, tuple[TenantQuota, TokenBucket]] = {}
+        self._buckets: dict[str, tuple[TenantQuotaArgs, TokenBucket]] = {}
 
     def update(self, args: TenantsArgs | None) -> None:
         """A live change (the door's `user_config`; None: back to `args`). A tenant whose rate changed starts with a
         full bucket."""
         self.args = self._start if args is None else args
 
-    def quota(self, tenant: str) -> TenantQuota:
+    def quota(self, tenant: str) -> TenantQuotaArgs:
         return self.args.for_tenant(tenant)
 
     def admit(self, tenant: str, rows: int) -> None:

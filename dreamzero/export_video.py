@@ -6,7 +6,7 @@ out (MP4, optional GIF), through the embedded policy in this process (no server)
         --video video.wrist_image_left=wrist.mp4 --prompt "put the cube in the bowl" --out runs/export --gif
 
 The episode runs as a robot session would: the first chunk from frame 0, then one chunk every `action_horizon`
-frames, each query carrying the frames at offsets (-23, -16, -8, 0) from its step (the DROID client's selection).
+frames, each query carrying the frames at the embodiment's `frame_offsets` from its step (DROID: -23, -16, -8, 0).
 Each chunk's predicted frames (`return_video`) show the next block; written out: `input.mp4` (the stitched canvas the
 model read, one frame per query frame), `predicted.mp4` (every chunk's predicted frames, one continuous video), and
 `side_by_side.mp4` (predicted | the canvas that followed). Camera videos give no robot state: it is zero, which the
@@ -29,8 +29,6 @@ import numpy as np
 from dreamzero.cli_help import DefaultsHelpFormatter
 from dreamzero.embedded_default import SHIPPED_DEFAULT as DEFAULT_MODEL
 from dreamzero.errors import ConfigError, DreamZeroError
-
-FRAME_OFFSETS = (-23, -16, -8, 0)
 
 
 def _stderr(line: str) -> None:
@@ -88,7 +86,7 @@ def export(
     started = time.monotonic()
     for k, step in enumerate(steps):
         say(f"chunk {k + 1}/{len(steps)} (frame {step} of {n}, {time.monotonic() - started:.0f} s so far)")
-        at = [step] if k == 0 else [max(0, step + off) for off in FRAME_OFFSETS]
+        at = [step] if k == 0 else [max(0, step + off) for off in emb.frame_offsets]
         obs = {key: v[at][None] for key, v in views.items()}
         obs.update({key: s[step][None].astype(np.float32) for key, s in state.items()})
         result = policy.infer(obs, ["export"], instructions=[prompt], reset=k == 0, return_video=True)
@@ -97,7 +95,7 @@ def export(
         canvas, _ = emb.preprocess(obs)
         inputs.append(_resize(np.asarray(canvas.images)[0], hw))
         predicted.append(video)
-        nxt = [min(n - 1, step + horizon + off) for off in FRAME_OFFSETS]
+        nxt = [min(n - 1, step + horizon + off) for off in emb.frame_offsets]
         following, _ = emb.preprocess({**obs, **{key: v[nxt][None] for key, v in views.items()}})
         pairs.append(side_by_side(video, np.asarray(following.images)[0]))
     say(f"writing the videos to {out}")

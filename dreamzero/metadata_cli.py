@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from dreamzero.cli_help import DefaultsHelpFormatter
 from dreamzero.errors import ConfigError
@@ -33,6 +32,7 @@ from dreamzero.metadata import (
     read_metadata_file,
     save_metadata,
 )
+from dreamzero.progress import iterate
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +109,7 @@ def compute_metadata(
         raise ConfigError(f"action_bounds is {action_bounds!r}; use one of {sorted(BOUNDS)}")
 
     collected: dict[tuple[str, str], list[np.ndarray]] = {}
-    for episode in tqdm(episodes, desc=f"{tag}: episodes", unit="ep", disable=None if progress else True):
+    for episode in iterate(episodes, desc=f"{tag}: episodes", unit="ep", enabled=progress):
         frames = dataset.episode_columns(episode, columns)
         values = {("state", s.name): s.take(frames[s.column]) for s in state_slices}
         values |= {("action", s.name): s.take(frames[s.column]) for s in action_slices}
@@ -185,7 +185,9 @@ def _build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace an existing output file; with --merge, replace the tag in it if present",
     )
-    gen.add_argument("--no-progress", action="store_true", help="no progress bar")
+    gen.add_argument(
+        "--no-progress", action="store_true", help="no progress (a bar on a terminal, a line every 30 s in a log)"
+    )
 
     merge = sub.add_parser(
         "merge", help="merge several metadata.json files into one", formatter_class=DefaultsHelpFormatter

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from dreamzero.cli_help import DefaultsHelpFormatter
 from dreamzero.errors import CheckpointError, ConfigError
 from dreamzero.planner import CARDS, Plan, describe, model_config_for, plan_serving
 from dreamzero.sizes import parse_bytes
@@ -106,7 +107,9 @@ def format_plan(plan: Plan) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="dreamzero-plan", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="dreamzero-plan", description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter
+    )
     ap.add_argument(
         "--model", help="checkpoint path (any layout), a preset name (droid_14b, libero_5b) or embedded:NAME"
     )
@@ -122,7 +125,8 @@ def _parser() -> argparse.ArgumentParser:
         ("image-encoder", "gpu|cpu"),
         ("dit-weights", "model|fp8"),
     ):
-        ap.add_argument(f"--{name}", default="auto", help=f"policy.placement.{name.replace('-', '_')}: auto|{allowed}")
+        key = name.replace("-", "_")
+        ap.add_argument(f"--{name}", default="auto", help=f"policy.placement.{key}: auto|{allowed} (default auto)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON")
     ap.add_argument("--table", action="store_true", help="the released checkpoints on the five usual cards (markdown)")
     ap.add_argument("--write-docs", metavar="MD", help="with --table: replace the table between its markers in MD")

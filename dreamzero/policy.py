@@ -25,6 +25,7 @@ from dreamzero.embodiments import Embodiment, get_embodiment
 from dreamzero.errors import ConfigError, InvalidRequest
 from dreamzero.lerobot_dataset import ColumnSlice, LeRobotDataset, get_preset
 from dreamzero.metadata import EmbodimentMetadata
+from dreamzero.session_notice import SingleFrameNotice
 from dreamzero.types import SessionReport
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ class EmbeddedPolicy:
             )
         self.pipeline = pipeline
         self.embodiment = embodiment
-        self._warned_single_frame: set[str] = set()
+        self._warn_single_frame = SingleFrameNotice(logger)
 
     @classmethod
     def load(
@@ -200,21 +201,6 @@ class EmbeddedPolicy:
         if video is not None and not context.batched:
             video = video[0]
         return PolicyResult(actions if context.batched else actions[0], list(result.sessions), timings, video)
-
-    def _warn_single_frame(self, reports: Sequence[SessionReport]) -> None:
-        """A loop that repeats a first call's one frame restarts its session every call, which its actions show only
-        as a policy that never builds on its past: say so once per session."""
-        for report in reports:
-            if report.restart_reason == "single_frame" and report.session_id not in self._warned_single_frame:
-                if len(self._warned_single_frame) >= 4096:  # many short sessions: bounded memory, a repeated line
-                    self._warned_single_frame.clear()
-                self._warned_single_frame.add(report.session_id)
-                logger.warning(
-                    "session %r restarted (single_frame): a 1-frame observation after its first call starts it "
-                    "again; send the frames since the last call (a block, 4 on DROID) to continue it "
-                    "(docs/model.md 6.1)",
-                    report.session_id,
-                )
 
     def reset(self, session_ids: str | Sequence[str]) -> None:
         """Restart these sessions at their next call."""

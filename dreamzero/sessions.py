@@ -209,9 +209,12 @@ class SessionStore:
     stored without one reserves what it holds), so the budget holds at every chunk, not only between calls.
     `retry_after_s` is the hint a refused request gets.
 
-    Set after construction by a server: `group_of` (session id -> group; None: one group) and `on_evict(session_id,
-    cause)` (cause "lru", "ttl" or "bytes"), called under the store's lock, so it must be quick (a log line).
+    A server's store is given `group_of` (session id -> group; None: one group) and `on_evict(session_id, cause)`
+    (cause "lru", "ttl" or "bytes"; None: nothing), called under the store's lock, so it must be quick (a log line).
     """
+
+    # More than ~15 methods on purpose: one lock guards lookup, admission, eviction and the per-group counts, which
+    # all read and change the same maps; split, each part would need the others' lock.
 
     def __init__(
         self,
@@ -221,6 +224,8 @@ class SessionStore:
         remember_evicted: int | None = None,
         max_bytes: int | None = None,
         retry_after_s: float = 5.0,
+        group_of: Callable[[str], str] | None = None,
+        on_evict: Callable[[str, str], None] | None = None,
     ):
         if max_sessions < 1:
             raise ConfigError(f"max_sessions must be >= 1, got {max_sessions}")
@@ -242,8 +247,8 @@ class SessionStore:
         self._reserved: dict[str, int] = {}  # session id -> bytes reserved (live sessions and admitted new ones)
         self._inflight: set[str] = set()  # admitted and not yet released: never evicted for room
         self.refusals = 0  # requests refused for bytes
-        self.group_of: Callable[[str], str] | None = None
-        self.on_evict: Callable[[str, str], None] | None = None
+        self.group_of = group_of
+        self.on_evict = on_evict
 
     def __len__(self) -> int:
         return len(self._sessions)

@@ -10,10 +10,35 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# the per-session report is the wire's own type (one definition for server and clients; numpy + msgpack only)
-from dreamzero_client.wire.replies import RESTART_REASONS, SessionReport
+# the restart reasons are the wire's own (clients read them from each session report)
+from dreamzero_client.wire.replies import RESTART_REASONS
 
-__all__ = ["RESTART_REASONS", "ChunkResult", "ModelBatch", "SessionReport"]
+__all__ = ["RESTART_REASONS", "ROW_OPTIONS", "ChunkResult", "ModelBatch", "SessionReport"]
+
+
+@dataclass
+class SessionReport:
+    """Per-session continuity report, returned for every row of every response."""
+
+    session_id: str
+    step: int  # number of chunks this session has produced on this replica, including this one (1 after a restart)
+    restarted: bool  # True if the state was (re)started for this call
+    restart_reason: str | None  # one of RESTART_REASONS when restarted, else None
+    frame_position: int  # current_start_frame after this call (latent frames)
+    incarnation: str | None = None  # random id of this session state, new at every (re)start; echo it back
+    rtc: str | None = None  # real-time chunking: "client_prefix" | "session_cache" | "cold_start"; None = not asked
+
+    def to_dict(self) -> dict:
+        extra = {} if self.rtc is None else {"rtc": self.rtc}
+        return {
+            "session_id": self.session_id,
+            "step": self.step,
+            "restarted": self.restarted,
+            "restart_reason": self.restart_reason,
+            "frame_position": self.frame_position,
+            "incarnation": self.incarnation,
+            **extra,
+        }
 
 
 @dataclass
@@ -56,6 +81,23 @@ class ModelBatch:
 
     def __len__(self) -> int:
         return len(self.session_ids)
+
+
+#: the per-row options of a `ModelBatch` (beside its arrays, prompts and ids): name -> (what a row that leaves it unset
+#: stands for, whether merged requests always get a list). Merged requests fill their unset rows with it
+#: (deployments.batch_merge; `seeds` with the pipeline's default seed); the server sets them from the request's
+#: `RowOptions` (deployments.requests.rows).
+ROW_OPTIONS: dict[str, tuple[object, bool]] = {
+    "negative_prompts": (None, False),  # all rows of a merge set it or none do (their stack key)
+    "reset_mask": (False, True),
+    "expected_steps": (None, True),
+    "expected_incarnations": (None, True),
+    "seeds": (None, True),
+    "rtc_prefix_len": (None, False),
+    "rtc_exec_horizon": (None, False),
+    "action_prefix": (None, False),
+    "return_video": (False, False),
+}
 
 
 @dataclass

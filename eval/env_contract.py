@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from dreamzero.errors import InvalidObservation
-from dreamzero_client import droid
+from dreamzero_droid import droid
 
 IMAGE_KEYS = droid.CAMERAS
 STATE_KEYS = ("joint_position", "gripper_position")

@@ -1,8 +1,8 @@
 """`--predicted-video`: each chunk's predicted frames ("imagined") next to the camera frames that followed ("real").
 
 A chunk queried at step s predicts the model-input canvas of the next block: the frames the client would send at
-step s + 24 (`droid.FRAME_OFFSETS` after it: steps s+1, s+8, s+16, s+24), each frame twice, as the model reads every
-new frame twice. So predicted frames 2i and 2i+1 are compared with the real canvas at step s + 24 + FRAME_OFFSETS[i],
+step s + 24 (`OxeDroid.frame_offsets` after it: steps s+1, s+8, s+16, s+24), each frame twice, as the model reads every
+new frame twice. So predicted frames 2i and 2i+1 are compared with the real canvas at step s + 24 + frame_offsets[i],
 built from the cameras by the same embodiment transforms the server runs and resized to the prediction's size.
 Steps past the episode's end have no real frame; those chunk frames are left out of the error (and black in the
 video). Per chunk: PSNR (dB, peak 255) and the mean absolute error in grey levels, over the frames that have a real
@@ -16,10 +16,11 @@ from pathlib import Path
 
 import numpy as np
 
+from dreamzero.embodiments.oxe_droid import OxeDroid
 from dreamzero.video_recorder import resize_frames as resize_nearest
-from dreamzero_client import droid
+from dreamzero_droid import droid
 
-BLOCK_STEPS = -droid.FRAME_OFFSETS[0] + 1  # 24: the steps one block of frames spans
+BLOCK_STEPS = -OxeDroid.frame_offsets[0] + 1  # 24: the steps one block of frames spans
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -55,7 +56,7 @@ class ImaginedTrack:
     embodiment: object = None  # with the DROID defaults: the oxe_droid Embodiment
     canvas: object = None
     keep: object = droid.make_frame
-    offsets: tuple[int, ...] = droid.FRAME_OFFSETS
+    offsets: tuple[int, ...] = OxeDroid.frame_offsets
     block_steps: int = BLOCK_STEPS
     chunks: list[_Chunk] = field(default_factory=list)
     frames: dict[int, object] = field(default_factory=dict)  # step -> the camera frames kept for comparison

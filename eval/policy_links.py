@@ -1,17 +1,17 @@
 """How the evaluation reaches a policy: the client runtime's `DroidPolicy` over one of three links.
 
-The runner only talks to `dreamzero_client.policy.DroidPolicy` (observe / infer / reset / close), which owns the
+The runner only talks to `dreamzero_droid.policy.DroidPolicy` (observe / infer / reset / close), which owns the
 DROID client logic shared with the Franka loop: frame history, observation builder, chunk check, session continuity.
-What differs is the link: the OpenPI WebSocket and the HTTP action endpoint live in `dreamzero_client.links`; the
+What differs is the link: the OpenPI WebSocket and the HTTP action endpoint live in `dreamzero_droid.links`; the
 in-process embedded policy (no server, needs the model core) is `EmbeddedLink` below.
 """
 
 from __future__ import annotations
 
 from dreamzero.errors import ConfigError
-from dreamzero_client import droid
-from dreamzero_client.links import HttpLink, OpenPILink
-from dreamzero_client.policy import DroidPolicy, LinkReply, PolicyCallError, Query
+from dreamzero_droid import droid
+from dreamzero_droid.links import HttpLink, OpenPILink
+from dreamzero_droid.policy import DroidPolicy, LinkReply, PolicyCallError, Query
 
 LINKS = ("openpi", "http", "embedded")
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from dreamzero_client.image_tools import resize_with_pad
+from dreamzero_droid.image_tools import resize_with_pad
 from eval.env_contract import IMAGE_KEYS
 
 
@@ -88,7 +88,7 @@ def open_dataset(root: Path, fps: float):
     """A DatasetRecorder writing the DROID scene's episodes with the column names of our MuJoCo demos (`oxe_droid`:
     observation.state = 7 joints + gripper, action = 7 joint targets + gripper, three cameras), so
     `dreamzero-make-metadata --preset oxe_droid` and `dreamzero-train` read it as it is."""
-    from dreamzero_client.recording import DatasetRecorder
+    from dreamzero_droid.lerobot import DatasetRecorder
     from eval.mujoco_droid.record import MODALITY
 
     return DatasetRecorder(root, fps=fps, robot_type="droid_sim", modality=MODALITY)

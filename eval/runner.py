@@ -7,7 +7,7 @@ judge success on the final object positions; reset the policy (the server forget
 a new id). A policy failure ends the episode, is recorded with its reason, and the run goes on.
 
 With `rtc` (real-time chunking, docs/rtc.md "Clients") the next query leaves while the current chunk still runs, on
-the timeline of `dreamzero_client.rtc.RtcSchedule`. Sim steps are synchronous, so the delay is emulated: the reply
+the timeline of `dreamzero_droid.rtc.RtcSchedule`. Sim steps are synchronous, so the delay is emulated: the reply
 is there at once, and the env executes d more actions of the old chunk (`rtc_delay_steps`, else the measured round
 trip in control steps) before it switches to row d of the new one. Every episode records its chunk switches and the
 jump at each one (`switch_jump`), with or without RTC, so the two runs can be compared.
@@ -25,9 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from dreamzero.errors import ConfigError
-from dreamzero_client import droid
-from dreamzero_client.policy import Chunk, DroidPolicy, PolicyCallError
-from dreamzero_client.rtc import RtcSchedule, switch_jump
+from dreamzero_droid import droid
+from dreamzero_droid.policy import Chunk, DroidPolicy, PolicyCallError
+from dreamzero_droid.rtc import RtcSchedule, switch_jump
 from eval.env_contract import DroidEnv, check_droid_observation
 from eval.recording import EpisodeRecorder, dataset_frame, open_dataset, to_jsonable
 from eval.summary import config_record, summarize, summary_markdown
@@ -91,7 +91,7 @@ def run_episode(
     """One episode; returns its record (also written to `<out_dir>/episodes/<name>.json`).
 
     `schedule`: the RTC timeline (kept across episodes for its delay estimate); made from `config` when None.
-    `dataset`: a `dreamzero_client.recording.DatasetRecorder` that gets the episode's steps (frames the policy saw,
+    `dataset`: a `dreamzero_droid.lerobot.DatasetRecorder` that gets the episode's steps (frames the policy saw,
     state, the action executed) and its outcome."""
     scene = env.scene_id
     name = f"scene{scene}_ep{episode:03d}"
@@ -275,7 +275,7 @@ def run_evaluation(
 
     `env_factory(scene_id)` builds the env of one scene; it is closed before the next scene's env is built.
     """
-    from tqdm import tqdm
+    from dreamzero.progress import progress_bar
 
     config.validate()
     out = Path(config.out_dir)
@@ -284,7 +284,7 @@ def run_evaluation(
     schedule: RtcSchedule | None = None  # one for the run: its delay estimate outlives the episodes
     total = None if config.max_steps is None else len(config.scenes) * config.episodes_per_scene * config.max_steps
     dataset = None
-    with tqdm(total=total, unit="step", desc="DROID eval", disable=not show_progress, dynamic_ncols=True) as bar:
+    with progress_bar(total, "DROID eval", "step", enabled=show_progress, dynamic_ncols=True) as bar:
         try:
             for scene in config.scenes:
                 env = env_factory(scene)

@@ -62,7 +62,7 @@ else
   ./scripts/install.sh || fail install "scripts/install.sh failed (see above)"
   PY=.venv/bin/python
 fi
-export PYTHONPATH=$PWD:$PWD/clients${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$PWD:$PWD/clients/dreamzero-client:$PWD/clients/dreamzero-droid:$PWD/clients/dreamzero-franka${PYTHONPATH:+:$PYTHONPATH}
 export RAY_AUTH_MODE=disabled PYTHONHASHSEED=0
 export RAY_TMPDIR=${RAY_TMPDIR:-$(mktemp -d /tmp/rayXXXX)}
 export DREAMZERO_CACHE_DIR=${DREAMZERO_CACHE_DIR:-$PWD/.cache/dreamzero}

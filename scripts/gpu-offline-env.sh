@@ -11,7 +11,7 @@
 # machine's own version is missing or older than the other wheels require. SITE_DIR is made (or remade, when the
 # wheels, PY or that choice changed since this script filled it; a second run with the same folder only repeats the
 # checks, a few seconds). Progress goes to stderr; the last line, on stdout, is
-# `PYTHONPATH=SITE_DIR:<repo>:<repo>/clients[:what PYTHONPATH held]`, for the caller to export:
+# `PYTHONPATH=SITE_DIR:<repo>:<repo>/clients/<each distribution>[:what PYTHONPATH held]`, for the caller to export:
 #   export "$(scripts/gpu-offline-env.sh .cache/gpu-wheels .cache/gpu-site | tail -n 1)"
 # Exit status: 0 ready; 2 something is missing, and the message says what: no wheel folder (or no requirements.txt in
 # it), a wheel for another Python or platform (rebuild the folder with scripts/gpu-wheels.sh --python-version X.Y), a
@@ -57,7 +57,7 @@ PYBIN=$(cd "$(dirname "$PYBIN")" && pwd)/$(basename "$PYBIN") # absolute, links 
 keep=""
 IFS=: read -r -a old <<<"${PYTHONPATH:-}"
 for p in "${old[@]}"; do
-  case ":$site:$ROOT:$ROOT/clients:$keep:" in *":$p:"*) ;; *) keep=${keep:+$keep:}$p ;; esac
+  case ":$site:$ROOT:$ROOT/clients/dreamzero-client:$ROOT/clients/dreamzero-droid:$ROOT/clients/dreamzero-franka:$keep:" in *":$p:"*) ;; *) keep=${keep:+$keep:}$p ;; esac
 done
 
 # every wheel is for this Python and platform, the folder holds what its requirements.txt lists, and which of its
@@ -94,7 +94,7 @@ else
   mv "$partial" "$site"
   echo "$want" >"$site/$STAMP"
 fi
-path=$site:$ROOT:$ROOT/clients${keep:+:$keep}
+path=$site:$ROOT:$ROOT/clients/dreamzero-client:$ROOT/clients/dreamzero-droid:$ROOT/clients/dreamzero-franka${keep:+:$keep}
 
 # the model core, the client and the tier's tools import, with the machine's own torch (stdout kept for the last line)
 PYTHONPATH=$path "$PYBIN" "$ROOT/scripts/gpu_offline_env.py" check "$site" "$ROOT" >&2 || exit 2

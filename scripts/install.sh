@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up everything on a fresh machine: a virtualenv in .venv with the light client package (./clients), the project,
+# Set up everything on a fresh machine: a virtualenv in .venv with the client packages (./clients/*), the project,
 # its test tools and the sim extras (MuJoCo DROID scene and LIBERO; DREAMZERO_SKIP_LIBERO=1 leaves LIBERO out, it
 # downloads ~360 MB of scene assets). test.sh and serve.sh call this first; it returns at once when nothing changed.
 # On a machine without an NVIDIA GPU we install the CPU build of torch first (small and fast); with a GPU, pip picks
@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 STAMP=.venv/.installed
-want=$(cat pyproject.toml clients/pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml clients/*/pyproject.toml scripts/install.sh | sha256sum | cut -d' ' -f1)
 if [ -x .venv/bin/python ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
   exit 0
 fi
@@ -18,11 +18,13 @@ if ! command -v nvidia-smi >/dev/null 2>&1 && ! .venv/bin/python -c "import torc
   # where a local CPU wheel of 2.13.0 is offered (as on our CI machines) this takes seconds; else pip resolves below
   .venv/bin/pip install -q "torch==2.13.0" || echo "torch==2.13.0 not available: letting pip resolve torch>=2.4"
 fi
+# the three client distributions, the robot's client first (the others depend on it; none is on the index)
+CLIENTS=(-e "./clients/dreamzero-client[http,zmq]" -e ./clients/dreamzero-droid -e ./clients/dreamzero-franka)
 if [ "${DREAMZERO_SKIP_LIBERO:-0}" = "1" ]; then
-  .venv/bin/pip install -q -e ./clients -e ".[sim,dev]"
+  .venv/bin/pip install -q "${CLIENTS[@]}" -e ".[sim,dev]"
 else
   # lean LIBERO: its run-time needs and scene assets, then hf-libero without its training stack (docs/libero.md)
-  .venv/bin/pip install -q -e ./clients -e ".[sim,dev,libero-runtime]"
+  .venv/bin/pip install -q "${CLIENTS[@]}" -e ".[sim,dev,libero-runtime]"
   .venv/bin/pip install -q --no-deps "hf-libero==0.1.4"
   # LIBERO's config.yaml in our cache (no prompt on import), pointing at the installed assets: runs need no network
   .venv/bin/python -m eval.libero.offline

@@ -45,7 +45,7 @@ DEFAULT_CONFIG = ROOT / "serve_config.yaml"
 BUILDER = "serve_graph.builder:build_app"  # the application rendered for the GPUs; any other passes through as is
 POLICY = "Policy"  # the deployment that holds the model (serve_graph.builder.POLICY)
 RAY_VERSION = "2.60.0"  # pyproject.toml pins ray[serve]==2.60.*; the Dockerfile's base image carries this Ray
-# The defaults of the args read here (deployments/sections.py, PolicyArgs and AutoscalingArgs; a test compares them)
+# The defaults of the args read here (deployments/config/sections.py: PolicyArgs, AutoscalingArgs; a test compares them)
 POLICY_DEFAULTS = {"num_replicas": 1, "num_gpus": 0, "cfg_parallel": 1}
 AUTOSCALING_DEFAULTS = {"min_replicas": 1, "max_replicas": 1, "initial_replicas": None}
 SERVE_PORT = 8000  # Serve's default HTTP port, and the `serve` port KubeRay's Serve service targets by default

@@ -9,4 +9,10 @@ export RAY_TMPDIR=${RAY_TMPDIR:-$(mktemp -d /tmp/rayXXXX)}
 export DREAMZERO_CACHE_DIR=${DREAMZERO_CACHE_DIR:-$PWD/.cache/dreamzero}
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/python -m pytest -q -rs --durations=30 "$@"
+# DREAMZERO_TEST_WORKERS=2: two pytest-xdist workers, a group of tests (all of tests/cluster, else one module) whole on
+# one worker, longest first (tests/support/parallel.py). Serial by default: on this shared 2-core machine two workers
+# measured slower than one (docs/testing.md)
+workers=${DREAMZERO_TEST_WORKERS:-0}
+parallel=()
+[ "$workers" = "0" ] || parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
+.venv/bin/python -m pytest -q -rs --durations=30 "${parallel[@]}" "$@"

@@ -1,9 +1,10 @@
 """`build_app(args)`: the composition root, the only place where plain classes become Ray Serve deployments.
 
 `serve run serve_config.yaml` imports `serve_graph.builder:build_app` and passes the YAML `args`; they are validated
-first (`serve_graph.config`), so a bad value fails at start with a message that says how to fix it. Then each
-deployment is bound with its own typed settings (`deployments.settings`). Nothing imports this module: it sits above
-everything it composes (the import rule: docs/architecture.md, "Import direction").
+first (`serve_graph.config.parse_app_args`: the values, then the files they name), so a bad value fails at start with
+a message that says how to fix it. Then each deployment is bound with its own typed settings (`deployments.config`).
+Nothing imports this module: it sits above everything it composes (the import rule: docs/architecture.md, "Import
+direction").
 
     Ingress ──(raw obs)──> Preprocess ──(ModelBatch)──> Policy (sticky, N replicas) ──> Postprocess ──> reply
           └────────────── normalised form skips pre/post ───────────────┘
@@ -19,21 +20,22 @@ import torch
 from ray import serve
 from ray.serve import Application
 
-from deployments.doors.zmq import ZmqIngressDeployment
-from deployments.ingress import IngressDeployment
-from deployments.policy import PolicyDeployment
-from deployments.postprocess import PostprocessDeployment
-from deployments.preprocess import PreprocessDeployment
-from deployments.sections import CpuStageArgs
-from deployments.settings import (
+from deployments.config.app import CheckpointArgs
+from deployments.config.sections import CpuStageArgs, PolicyArgs
+from deployments.config.settings import (
     AuthSettings,
-    EmbodimentSource,
+    EmbodimentSettings,
     GraphSettings,
     IngressSettings,
     PolicySettings,
     StageSettings,
     ZmqDoorSettings,
 )
+from deployments.doors.zmq import ZmqIngressDeployment
+from deployments.ingress import IngressDeployment
+from deployments.policy import PolicyDeployment
+from deployments.postprocess import PostprocessDeployment
+from deployments.preprocess import PreprocessDeployment
 from dreamzero.device import SIMULATED_GPU_ENV, parse_dtype
 from dreamzero.device_checks import check_serving_device, device_facts
 from dreamzero.planner import check_fits, plan_serving
@@ -114,13 +116,13 @@ def policy_options(cfg: AppArgs) -> dict[str, Any]:
     return opts
 
 
-def embodiment_source(model: ResolvedModel) -> EmbodimentSource:
-    return EmbodimentSource(tag=model.embodiment, metadata=model.metadata)
+def embodiment_settings(model: ResolvedModel) -> EmbodimentSettings:
+    return EmbodimentSettings(tag=model.embodiment, metadata=model.metadata)
 
 
 def graph_settings(cfg: AppArgs, model: ResolvedModel, request_timeout_s: float) -> GraphSettings:
     return GraphSettings(
-        embodiment=embodiment_source(model),
+        embodiment=embodiment_settings(model),
         preprocess=cfg.preprocess,
         postprocess=cfg.postprocess,
         request_timeout_s=request_timeout_s,
@@ -157,26 +159,22 @@ def zmq_door_settings(cfg: AppArgs, model: ResolvedModel) -> ZmqDoorSettings:
 
 
 def policy_settings(cfg: AppArgs, model: ResolvedModel) -> PolicySettings:
+    """The Policy's settings: the checkpoint fields of `args` and the `policy:` section taken by field name (the
+    settings model declares them by inheriting both), the sections it applies whole, and what `resolve_model` found."""
+    given = {name: getattr(cfg, name) for name in CheckpointArgs.model_fields}
+    given |= {name: getattr(cfg.policy, name) for name in PolicyArgs.model_fields}
+    given |= {  # resolved once here from the checkpoint's files
+        "checkpoint_layout": model.layout,
+        "checkpoint_config": model.checkpoint_config,
+        "tokenizer_path": model.tokenizer_path or cfg.tokenizer_path,
+        "device": cfg.resolved_device,
+    }
     return PolicySettings(
-        model_path=cfg.model_path,
-        checkpoint_layout=model.layout,
-        checkpoint_config=model.checkpoint_config,
-        tokenizer_path=model.tokenizer_path or cfg.tokenizer_path,
-        device=cfg.resolved_device,
-        dtype=cfg.dtype,
-        pipeline=dict(cfg.pipeline),
+        **given,
         sessions=cfg.sessions,
         batching=cfg.batching,
-        torch_threads=cfg.policy.torch_threads,
-        rows_per_thread=cfg.policy.rows_per_thread,
-        replay=cfg.policy.replay,
-        cfg_parallel=cfg.policy.cfg_parallel,
-        cfg_timeout_s=cfg.policy.cfg_timeout_s,
-        placement=dict(cfg.policy.placement),
-        cfg_rank_options={"num_cpus": cfg.policy.num_cpus, "num_gpus": cfg.policy.num_gpus},
-        embodiment=embodiment_source(model),
-        return_latents=cfg.return_latents,
         video=cfg.video,
+        embodiment=embodiment_settings(model),
         retry_after_s=cfg.http.retry_after_s,
     )
 
@@ -248,7 +246,7 @@ def build_app(args: dict[str, Any] | AppArgs | None = None) -> Application:
     check_gpu_fit(cfg)
     # Read once here, at start (a bad file fails now, not on the first request); the CPU stages get data, not paths.
     model = resolve_model(cfg)
-    stage = StageSettings(embodiment=embodiment_source(model))
+    stage = StageSettings(embodiment=embodiment_settings(model))
 
     preprocess = serve.deployment(PreprocessDeployment, **_cpu_options(PREPROCESS, cfg.preprocess)).bind(stage)
     postprocess = serve.deployment(PostprocessDeployment, **_cpu_options(POSTPROCESS, cfg.postprocess)).bind(stage)

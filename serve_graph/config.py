@@ -1,306 +1,101 @@
-"""Typed arguments of the serving app (`args:` of `serve_config.yaml`), validated before anything starts.
+"""`parse_app_args(args)`: the YAML `args` of `serve_config.yaml` checked before anything starts.
 
-`parse_app_args(dict)` turns the YAML `args` into `AppArgs` or raises `ConfigError` whose message names every bad
-field and says how to fix it. The sections (`http:`, `sessions:`, `policy:`, ...) are declared below the deployments
-that apply them (`deployments.sections`); this module holds the top level and the checks across sections. Every
-field carries a description: `docs/serving.md` is the readable reference.
+Two steps, both raising `ConfigError` whose message names every bad field (`args.<field>: <what to do>`):
+`deployments.config.validate_args` checks the values (the models' validators read no file), then `check_files`
+checks what those values name on this machine: the checkpoint (and that its layout loads), the tokenizer and
+statistics paths, the API key file, a replay's dataset and the ZeroMQ door's CURVE keys. The replicas read the same
+files again where they use them. The vocabulary itself (`AppArgs`, its sections, the per-deployment settings) lives
+in `deployments.config`.
 """
 
 from __future__ import annotations
 
-import logging
-import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
-
-from deployments.sections import (
-    BatchingArgs,
-    CpuStageArgs,
-    HttpArgs,
-    PolicyArgs,
-    PostprocessArgs,
-    PreprocessArgs,
-    SessionArgs,
-    Strict,
-    TenantsArgs,
-    VideoArgs,
-    ZmqArgs,
-    existing_path,
-)
-from deployments.tenants import DEFAULT_TENANT, DIGEST_PREFIX, key_digest, parse_key_table, read_key_file
-from dreamzero.config import PipelineConfig
+from deployments.config.app import AppArgs, format_problems, validate_args
 from dreamzero.errors import ConfigError
 
-log = logging.getLogger("dreamzero.serve.config")
-
-
-class AppArgs(Strict):
-    """Everything `build_app` needs. Only `model_path` changes between the CPU default and a GPU deployment."""
-
-    model_path: str | None = Field(
-        None,
-        description='Checkpoint in one of three layouts (docs/serving.md, "Checkpoint layouts"): an HF folder with '
-        "config.json, a full_weights.pt (or a folder holding one; needs checkpoint_config unless a config.json lies "
-        "beside it), or a -Diffusers folder with model_index.json; embedded:<name> names a trained model shipped in "
-        "the package (embedded:small-scene1, docs/training.md); null builds the embedded tiny model (random "
-        "weights). Only the policy replicas open it.",
-    )
-    checkpoint_layout: Literal["hf", "full_weights", "diffusers"] | None = Field(
-        None, description="Layout of model_path; null detects it from the files."
-    )
-    checkpoint_config: str | None = Field(
-        None,
-        description="Preset config (droid_14b, libero_5b, tiny) of the checkpoint: required for a full_weights.pt "
-        "with no config.json beside it, otherwise it replaces the checkpoint's own config.",
-    )
-    tokenizer_path: str | None = Field(
-        None,
-        description="Local google/umt5-xxl tokenizer directory for a real checkpoint; default: "
-        "<model_path>/tokenizer/, else $DREAMZERO_TOKENIZER_PATH (docs/model.md 3.3).",
-    )
-    model_name: str = Field("dreamzero", min_length=1, description="Name reported by /v1/models and echoed back.")
-    embodiment: str | None = Field(
-        None,
-        min_length=1,
-        description="Embodiment tag of the raw form, the WebSocket and the ZeroMQ door (oxe_droid, libero_sim, "
-        "franka_pnp); null: the checkpoint's own (its config's embodiment_tag; oxe_droid for the embedded models).",
-    )
-    metadata_path: str | None = Field(
-        None,
-        description="metadata.json with normalisation statistics; default: the checkpoint's "
-        "experiment_cfg/metadata.json, else the embodiment's bundled synthetic statistics.",
-    )
-    device: str | None = Field(None, description="Torch device; default cuda when num_gpus > 0, else cpu.")
-    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        None, description="Weights dtype; default bfloat16 on GPU, float32 on CPU."
-    )
-    pipeline: dict[str, Any] = Field(
-        default_factory=dict,
-        description="Overrides of the inference loop (dreamzero.config.PipelineConfig, docs/model.md 6.2), e.g. "
-        "num_inference_steps or compile; names and values are checked here, before any replica starts.",
-    )
-    return_latents: bool = Field(False, description="Ask the policy for predicted video latents (debugging).")
-    api_key: str | None = Field(
-        None,
-        description="Required key (`Authorization: Bearer <key>` or `Api-Key <key>`): its digest 'sha256:<hex of the "
-        "key>' (a key in clear is hashed as it is read, but Serve logs and Ray's dashboard show a YAML's args as "
-        "given: use the digest or api_key_env there); null disables auth.",
-        repr=False,
-    )
-    api_key_env: str | None = Field(
-        None, description="Name of an environment variable holding the API key (wins over `api_key`)."
-    )
-    api_keys: dict[str, Any] | None = Field(
-        None,
-        description="Keys that name tenants: tenant -> 'sha256:<hex of the key>' (a list of digests while a key is "
-        "rotated). Each tenant's sessions are its own (docs/serving.md, 'Tenants and TLS'); `api_key` beside it is "
-        "the tenant `default`.",
-    )
-    api_keys_file: str | None = Field(
-        None,
-        description="A YAML or JSON file holding the `api_keys` mapping, read again by the front doors when it "
-        "changes (rotation without a restart); instead of `api_keys`.",
-    )
-    api_keys_reload_s: float = Field(
-        5.0, gt=0, description="How often the front doors look at api_keys_file's modification time."
-    )
-    tenants: TenantsArgs = Field(
-        default_factory=TenantsArgs, description="Per-tenant quotas: sessions, requests per second, rows."
-    )
-    ingress: CpuStageArgs = Field(default_factory=CpuStageArgs, description="Ingress replicas (never load the model).")
-    preprocess: PreprocessArgs = Field(
-        default_factory=PreprocessArgs, description="Preprocess (CPU) replicas and where transforms run."
-    )
-    postprocess: PostprocessArgs = Field(
-        default_factory=PostprocessArgs, description="Postprocess (CPU) replicas and where actions are made."
-    )
-    policy: PolicyArgs = Field(default_factory=PolicyArgs, description="Policy (model) replicas.")
-    sessions: SessionArgs = Field(default_factory=SessionArgs, description="Session store bounds.")
-    batching: BatchingArgs = Field(default_factory=BatchingArgs, description="Dynamic batching.")
-    http: HttpArgs = Field(default_factory=HttpArgs, description="HTTP / WebSocket limits.")
-    zmq: ZmqArgs | None = Field(None, description="ZeroMQ front door (RLDX-1 clients); null: off.")
-    video: VideoArgs = Field(
-        default_factory=VideoArgs, description="Server-side MP4s of each session's predicted video; off by default."
-    )
-
-    @field_validator("model_path")
-    @classmethod
-    def _model_path_exists(cls, v: str | None) -> str | None:
-        from dreamzero.embedded_default import resolve_model_path
-
-        try:
-            v = resolve_model_path(v)  # "embedded:<name>": a trained model shipped in the package
-        except ConfigError as exc:
-            raise ValueError(str(exc).removeprefix("model_path: ")) from None
-        return existing_path(v, Path.exists, "does not exist; point model_path at a checkpoint (file or folder)")
-
-    @field_validator("checkpoint_config")
-    @classmethod
-    def _known_preset(cls, v: str | None) -> str | None:
-        from dreamzero.config import PRESETS
-
-        if v is not None and v not in PRESETS:
-            raise ValueError(f"{v!r} is no preset; use one of {sorted(PRESETS)} or null")
-        return v
-
-    @field_validator("tokenizer_path")
-    @classmethod
-    def _tokenizer_dir_exists(cls, v: str | None) -> str | None:
-        return existing_path(v, Path.is_dir, "is not a directory; point tokenizer_path at a local google/umt5-xxl copy")
-
-    @field_validator("metadata_path")
-    @classmethod
-    def _metadata_exists(cls, v: str | None) -> str | None:
-        return existing_path(v, Path.is_file, "is not a file; give the path of a metadata.json")
-
-    @field_validator("api_key")
-    @classmethod
-    def _hash_legacy_key(cls, v: str | None) -> str | None:
-        """Keep only the digest: the parsed args (and whatever logs or pickles them) never hold the key in clear."""
-        if not v:
-            return None
-        if v.startswith(DIGEST_PREFIX):
-            try:
-                return parse_key_table({DEFAULT_TENANT: v}, "api_key")[DEFAULT_TENANT][0]
-            except ConfigError as exc:
-                raise ValueError(str(exc).removeprefix("api_key.default: ")) from None
-        log.warning(
-            "args.api_key is given in clear: it is hashed now, but Serve logs a serve_config.yaml's args as given and "
-            "Ray's dashboard shows them; give its digest 'sha256:<hex>' or api_key_env instead"
-        )
-        return key_digest(v)
-
-    @field_validator("api_keys")
-    @classmethod
-    def _key_table(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
-        try:
-            parse_key_table(v, "api_keys")
-        except ConfigError as exc:  # the message as `args.api_keys: <entry>: <what to do>`
-            raise ValueError(str(exc).removeprefix("api_keys: ").removeprefix("api_keys.")) from None
-        return v
-
-    @field_validator("api_keys_file")
-    @classmethod
-    def _key_file(cls, v: str | None) -> str | None:
-        v = existing_path(v, Path.is_file, "is not a file; point api_keys_file at a YAML or JSON file of key digests")
-        if v is not None:
-            try:
-                read_key_file(v)
-            except ConfigError as exc:
-                raise ValueError(str(exc)) from None
-        return v
-
-    @field_validator("pipeline")
-    @classmethod
-    def _known_pipeline_knobs(cls, v: dict[str, Any]) -> dict[str, Any]:
-        try:  # names and values, at start rather than in the replica (one check: dreamzero.config)
-            PipelineConfig().with_overrides(v)
-        except ConfigError as exc:
-            raise ValueError(str(exc)) from None
-        return v
-
-    @model_validator(mode="after")
-    def _checkpoint_is_loadable(self) -> AppArgs:
-        if self.model_path is None:
-            return self
-        from serve_graph.model_source import check_checkpoint
-
-        check_checkpoint(self.model_path, self.checkpoint_layout, self.checkpoint_config)
-        return self
-
-    @model_validator(mode="after")
-    def _one_source_of_keys(self) -> AppArgs:
-        if self.api_keys is not None and self.api_keys_file is not None:
-            raise ValueError("give api_keys or api_keys_file, not both (the file is the one that can be rotated)")
-        legacy = self.api_key_env is not None or bool(self.api_key)
-        if legacy and DEFAULT_TENANT in (self.api_keys or {}):
-            raise ValueError(
-                f"api_key is the key of the tenant {DEFAULT_TENANT!r}, which api_keys names too; drop one of them"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _connections_leave_slots(self) -> AppArgs:
-        """WebSockets and arriving bodies hold Ingress slots: no cap may reach the slots a replica has, and the
-        WebSockets' total (null: half the slots) is settled here so the door reads a number."""
-        slots, h = self.ingress.max_ongoing_requests, self.http
-        given = set(h.model_fields_set)
-        # caps left at their defaults follow a smaller Ingress (half its slots, at least 1); set ones are checked
-        fitted = {
-            name: max(1, min(getattr(h, name), slots // 2))
-            for name in ("ws_max_per_tenant", "body_reads_per_tenant")
-            if name not in h.model_fields_set and getattr(h, name) >= slots
-        }
-        if fitted:
-            h = h.model_copy(update=fitted)
-            self = self.model_copy(update={"http": h})
-        for name in ("ws_max_per_tenant", "body_reads_per_tenant", "ws_max_total"):
-            value = getattr(h, name)
-            if value is not None and value >= slots and name in given:
-                raise ValueError(
-                    f"http.{name} is {value} but ingress.max_ongoing_requests is {slots}: one caller could take every "
-                    "slot of the Ingress; lower it or raise ingress.max_ongoing_requests"
-                )
-        if h.ws_max_total is None:
-            return self.model_copy(update={"http": h.model_copy(update={"ws_max_total": max(1, slots // 2)})})
-        return self
-
-    @model_validator(mode="after")
-    def _device_matches_gpus(self) -> AppArgs:
-        if self.device and self.device.startswith("cuda") and self.policy.num_gpus == 0:
-            raise ValueError("device is cuda but policy.num_gpus is 0; set policy.num_gpus: 1 (per replica)")
-        if self.device == "cpu" and self.policy.num_gpus > 0:
-            raise ValueError("device is cpu but policy.num_gpus > 0; set policy.num_gpus: 0 or drop device")
-        if self.api_key_env is not None and not os.environ.get(self.api_key_env):
-            raise ValueError(f"api_key_env names {self.api_key_env!r}, which is unset or empty; export it first")
-        return self
-
-    # derived values -------------------------------------------------------------------------------------------
-    @property
-    def resolved_device(self) -> str:
-        return self.device or ("cuda" if self.policy.num_gpus > 0 else "cpu")
-
-    @property
-    def resolved_layout(self) -> str | None:
-        """The checkpoint layout: as given, else detected from model_path's files; None for the embedded default."""
-        if self.model_path is None:
-            return None
-        from dreamzero.checkpoint import detect_layout
-
-        return self.checkpoint_layout or detect_layout(self.model_path)
-
-    @property
-    def key_digests(self) -> dict[str, tuple[str, ...]]:
-        """`api_keys` as tenant -> key digests."""
-        return parse_key_table(self.api_keys, "api_keys")
-
-    @property
-    def api_key_digest(self) -> str | None:
-        """The legacy `api_key`'s digest (the tenant `default`): `api_key_env`'s key hashed here, else `api_key` (held
-        as its digest since validation); no front door gets a key in clear."""
-        if self.api_key_env:
-            return key_digest(os.environ[self.api_key_env])
-        return self.api_key
-
-
-def _format_errors(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "args"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field; check the spelling against docs/serving.md"
-        lines.append(f"  args.{where}: {msg}")
-    return "invalid serve_config.yaml args:\n" + "\n".join(lines)
+__all__ = ["AppArgs", "check_files", "parse_app_args"]
 
 
 def parse_app_args(args: dict[str, Any] | AppArgs | None) -> AppArgs:
-    """Validate `args` (a dict from YAML, or an AppArgs); raise ConfigError listing every problem."""
-    if isinstance(args, AppArgs):
-        return args
+    """Validate `args` (a dict from YAML, or an AppArgs) and check the files it names; ConfigError listing every
+    problem. An AppArgs passed in is taken as validated: only its files are checked."""
+    cfg = validate_args(args)
+    check_files(cfg)
+    return cfg
+
+
+def _path_problem(value: str | None, check: Callable[[Path], bool], problem: str) -> str | None:
+    if value is None or check(Path(value)):
+        return None
+    return f"{value!r} {problem} or set it to null"
+
+
+def check_files(cfg: AppArgs) -> None:
+    """ConfigError naming every field whose file or folder is missing or unreadable (the start-time check that the
+    validators leave out: they read nothing)."""
+    found = {
+        "model_path": _path_problem(
+            cfg.model_path, Path.exists, "does not exist; point model_path at a checkpoint (file or folder)"
+        ),
+        "tokenizer_path": _path_problem(
+            cfg.tokenizer_path, Path.is_dir, "is not a directory; point tokenizer_path at a local google/umt5-xxl copy"
+        ),
+        "metadata_path": _path_problem(
+            cfg.metadata_path, Path.is_file, "is not a file; give the path of a metadata.json"
+        ),
+        "api_keys_file": _api_keys_file_problem(cfg.api_keys_file),
+    }
+    if cfg.policy.replay is not None:
+        found["policy.replay.dataset"] = _path_problem(
+            cfg.policy.replay.dataset,
+            Path.is_dir,
+            "is not a directory; point policy.replay.dataset at a LeRobot dataset",
+        )
+    if cfg.zmq is not None and cfg.zmq.curve is not None:
+        found["zmq.curve"] = _curve_problem(cfg)
+    if cfg.model_path is not None and found["model_path"] is None:
+        found["model_path"] = _checkpoint_problem(cfg)
+    problems = [(field, message) for field, message in found.items() if message is not None]
+    if problems:
+        raise ConfigError(format_problems(problems))
+
+
+def _api_keys_file_problem(path: str | None) -> str | None:
+    from deployments.tenants import read_key_file
+
+    problem = _path_problem(
+        path, Path.is_file, "is not a file; point api_keys_file at a YAML or JSON file of key digests"
+    )
+    if problem is not None or path is None:
+        return problem
     try:
-        return AppArgs.model_validate(args or {})
-    except ValidationError as err:
-        raise ConfigError(_format_errors(err)) from None
+        read_key_file(path)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _curve_problem(cfg: AppArgs) -> str | None:
+    """The door's own key reading, run once here: the same message at `serve run` as the replica would log."""
+    from deployments.doors.zmq import curve_allowed_clients, curve_server_keys
+
+    try:  # the line already says `zmq.curve`: the messages name the field below it
+        curve_server_keys(cfg.zmq.curve, field_prefix="")
+        curve_allowed_clients(cfg.zmq.curve, field_prefix="")
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def _checkpoint_problem(cfg: AppArgs) -> str | None:
+    from serve_graph.model_source import check_checkpoint
+
+    try:
+        check_checkpoint(cfg.model_path, cfg.checkpoint_layout, cfg.checkpoint_config)
+    except ValueError as exc:
+        return str(exc).removeprefix("model_path: ").removeprefix("model_path ")
+    return None

@@ -2,10 +2,11 @@
 wire shape.
 
 The models describe the JSON form (arrays as nested lists); a msgpack body has the same structure once its array
-markers are decoded. They mirror `dreamzero_client.wire` (the parser and builders that the server and the clients
-run) and take its constants (forms, reply formats, restart reasons, bounds), so a change there shows up here; the
-committed files under docs/schema/ are written by `scripts/make_schema.py`, and a test fails when they are stale or
-when a body built by `build_request_body` / `build_response` does not validate. Reference: docs/wire-protocol.md.
+markers are decoded. They mirror the server's parser and reply builder (`deployments.requests`) and the clients'
+body builder (`dreamzero_client.wire`), and take their constants (forms, reply formats, restart reasons, bounds), so a
+change there shows up here; the committed files under docs/schema/ are written by `scripts/make_schema.py`, and a
+test fails when they are stale or when a body built by `build_request_body` / `build_response` does not validate.
+Reference: docs/wire-protocol.md.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 from typing_extensions import TypeAliasType
 
-from dreamzero_client.rtc import RTC_SOURCES
-from dreamzero_client.wire import fields, generations, replies
+from deployments.requests import fields
+from dreamzero_client.wire import generations, replies
+from dreamzero_client.wire.replies import RTC_SOURCES
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 

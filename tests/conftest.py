@@ -1,5 +1,5 @@
-"""Test-wide settings: Ray hygiene, headless rendering, skips for what this machine lacks (each with its reason), and
-the shared data fixtures under tests/fixtures."""
+"""Test-wide settings: Ray hygiene, headless rendering, skips for what this machine lacks (each with its reason), the
+shared fixtures every tier may take (`one_thread`) and the shared data fixtures under tests/fixtures."""
 
 from __future__ import annotations
 
@@ -9,10 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.parallel import assign_groups, own_ray_tmpdir, torch_threads
+
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("MUJOCO_GL", "egl")
 os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="ray", dir="/tmp"))
 os.environ.setdefault("DREAMZERO_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "dreamzero"))
+own_ray_tmpdir()  # under pytest-xdist: one per worker (tests/support/parallel.py)
+torch_threads()  # one, unless $DREAMZERO_TEST_TORCH_THREADS says otherwise (tests/support/parallel.py)
 
 
 def _has_cuda() -> bool:
@@ -35,6 +39,12 @@ def _has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
+@pytest.hookimpl(tryfirst=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_groups(items):
+    """Before xdist reads them (its own hook runs first otherwise): each test's group, and the workers' order."""
+    assign_groups(items)
+
+
 def pytest_collection_modifyitems(config, items):
     reasons = {
         "gpu": None if _has_gpu_or_simulated() else "needs a CUDA GPU; none on this machine",
@@ -48,6 +58,20 @@ def pytest_collection_modifyitems(config, items):
             # the marker, not a keyword: a directory named "gpu" in the path does not make a test need a GPU
             if reason and item.get_closest_marker(marker) is not None:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of small CPU forwards: they are latency bound, and on this shared 2-core machine
+    extra threads only spin against the other test processes (and the two ranks of a CFG-parallel pair in one process,
+    against each other). Module-scoped so a module's model fixtures are built under it too; a module takes it with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 PARITY_DIR = Path(__file__).resolve().parent / "fixtures" / "dit-parity"

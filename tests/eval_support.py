@@ -14,8 +14,9 @@ import torch
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import serve
 
-from dreamzero_client.policy import DroidPolicy, LinkReply, PolicyCallError
+from deployments.requests import openpi as openpi_frames
 from dreamzero_client.wire import openpi
+from dreamzero_droid.policy import DroidPolicy, LinkReply, PolicyCallError
 
 IMAGE_KEYS = ("observation/exterior_image_0_left", "observation/exterior_image_1_left", "observation/wrist_image_left")
 
@@ -54,7 +55,7 @@ class FakeOpenPIServer:
         self.stopped = threading.Event()
 
     def _handle(self, ws) -> None:
-        ws.send(openpi.pack_frame({**openpi.handshake_config(), "action_horizon": 24, "action_dim": 8}))
+        ws.send(openpi.pack_frame({**openpi_frames.handshake_config(), "action_horizon": 24, "action_dim": 8}))
         try:
             for raw in ws:
                 msg, _ = openpi.unpack_frame(raw)
@@ -70,13 +71,15 @@ class FakeOpenPIServer:
                 for key in IMAGE_KEYS:  # the DROID wire size after resize_with_pad: one frame or a stack
                     assert np.asarray(msg[key]).shape[-3:] == (180, 320, 3), (key, np.asarray(msg[key]).shape)
                 if n in self.error_at:
-                    ws.send(openpi.pack_frame(openpi.error_frame("Internal inference error", code="internal_error")))
+                    ws.send(
+                        openpi.pack_frame(openpi_frames.error_frame("Internal inference error", code="internal_error"))
+                    )
                     continue
                 chunk = drift_chunk(np.asarray(msg["observation/joint_position"], dtype=np.float64))
                 if n in self.bad_chunk_at:
                     chunk[3, 2] = np.nan
                 report = {"session_id": msg.get("session_id"), "step": n, "incarnation": "fake-1", "restarted": n == 1}
-                ws.send(openpi.pack_frame(openpi.infer_reply(chunk, self.reply_as_dict, {"session": report})))
+                ws.send(openpi.pack_frame(openpi_frames.infer_reply(chunk, self.reply_as_dict, {"session": report})))
                 if self.stop_after is not None and n >= self.stop_after:
                     threading.Thread(target=self.stop, daemon=True).start()
                     return

@@ -87,7 +87,7 @@ def pnp_chunk(call_index: int, horizon: int = 24, amplitude: float = 0.3) -> np.
 
 # 3. in-process scripted link -------------------------------------------------------------------------------------
 class ScriptedTransport:
-    """A `dreamzero_client.policy.Link`: `reply(msg, call_index)` decides each answer from the OpenPI message the
+    """A `dreamzero_droid.policy.Link`: `reply(msg, call_index)` decides each answer from the OpenPI message the
     query would be on the wire; `fail_from` makes every call from that index raise."""
 
     name = "scripted"
@@ -106,8 +106,8 @@ class ScriptedTransport:
         self.closed = False
 
     def send(self, query):
-        from dreamzero_client.links import OpenPILink
-        from dreamzero_client.policy import LinkReply
+        from dreamzero_droid.links import OpenPILink
+        from dreamzero_droid.policy import LinkReply
 
         index = len(self.calls)
         msg = OpenPILink().message(query)
@@ -236,7 +236,7 @@ class ScriptedOperator:
     `waits` answers successive `wait` calls (default: START / NEXT, i.e. unattended)."""
 
     def __init__(self, at_poll: dict | None = None, waits: list | None = None):
-        from dreamzero_client.franka.operator import Operator
+        from dreamzero_franka.common.operator import Operator
 
         self._base = Operator()
         self.at_poll = at_poll or {}

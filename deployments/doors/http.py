@@ -10,23 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Header, Request, WebSocket
+from fastapi import APIRouter, Depends, FastAPI, Header, Request
 from starlette.responses import JSONResponse, Response
 
 from deployments.auth import ConnectionSlots, caller_of, tenant_from_header
+from deployments.config.settings import IngressSettings
+from deployments.doors import Door, register_door
 from deployments.error_replies import HANDLED_EXCEPTIONS, classify, reply_response
 from deployments.graph_runner import GraphRunner
-from deployments.settings import IngressSettings
-from deployments.tenants import DEFAULT_TENANT, UNAUTHENTICATED, TenantKeys
+from deployments.requests.generations import GenerationRequest, parse_generation_request
+from deployments.requests.limits import decode_in_worker, request_limits
+from deployments.requests.replies import build_response
+from deployments.tenants import DEFAULT_TENANT, TenantKeys
 from dreamzero.errors import DreamZeroError, PayloadTooLarge, RequestTimeout
-from dreamzero_client.wire import codec, generations, replies, routes
+from dreamzero_client.wire import codec, generations, routes
 
 #: liveness of the front door alone (openpi's check); /health also asks every deployment
 HEALTHZ_PATH = "/healthz"
-#: the door's name in the per-tenant metrics
-DOOR = "http"
 #: a body still arriving after this long counts against its caller's `http.body_reads_per_tenant`
 SLOW_BODY_S = 1.0
 
@@ -39,16 +40,20 @@ def error_flavour(request: Request) -> str:
         return codec.JSON
 
 
-class HttpDoor:
+@register_door
+class HttpDoor(Door):
     """The generations route and the info routes, without the ASGI app (the graph tests drive `generate`)."""
 
+    name = "http"
+    hosted = True  # `build_fastapi_app` serves its routes: the ingress's own app, which mounts the others
+
     def __init__(self, runner: GraphRunner, settings: IngressSettings, keys: TenantKeys | None = None):
-        self.runner, self.settings = runner, settings
+        super().__init__(runner)
+        self.settings = settings
         self.keys = keys or TenantKeys.from_settings(settings.auth)
-        self.metrics = runner.metrics
         h = settings.http
         # what a body may hold decoded: the widest legal request of this server (rows), within the body limit
-        self.decode_limits = codec.DecodeLimits.for_request(max_rows=runner.max_rows, max_bytes=h.max_body_bytes)
+        self.decode_limits = request_limits(max_rows=runner.max_rows, max_bytes=h.max_body_bytes)
         self.body_reads = ConnectionSlots("request bodies arriving", h.body_reads_per_tenant, "body_reads_per_tenant")
 
     # 1. POST /v1/actions/generations ------------------------------------------------------------------------------
@@ -116,27 +121,25 @@ class HttpDoor:
             if pending is not None and not pending.done():
                 pending.cancel()
 
-    def parse(self, body: bytes, content_type: str | None) -> generations.GenerationRequest:
+    def parse(self, body: bytes, content_type: str | None) -> GenerationRequest:
         """Decode and validate a body within the door's decode limits; raises the error that names the bad field."""
         obj, flavour = codec.decode_body(body, content_type, limits=self.decode_limits)
-        return generations.parse_generation_request(obj, flavour, max_batch=self.runner.max_rows)
+        return parse_generation_request(obj, flavour, max_batch=self.runner.max_rows)
 
-    async def parse_async(self, body: bytes, content_type: str | None) -> generations.GenerationRequest:
+    async def parse_async(self, body: bytes, content_type: str | None) -> GenerationRequest:
         """`parse`, on a decoding thread when the body is large: the event loop keeps serving other callers and
         /healthz meanwhile."""
-        return await codec.decode_in_worker(len(body), self.parse, body, content_type)
+        return await decode_in_worker(len(body), self.parse, body, content_type)
 
-    async def answer(
-        self, req: generations.GenerationRequest, t0: float, tenant: str = DEFAULT_TENANT
-    ) -> tuple[bytes, str]:
+    async def answer(self, req: GenerationRequest, t0: float, tenant: str = DEFAULT_TENANT) -> tuple[bytes, str]:
         """Run a parsed request of `tenant` (decoding started at `t0`) -> (reply body in the request's codec, content
         type)."""
         t_decode = (time.perf_counter() - t0) * 1000.0
-        reply = await self.runner.run(req, tenant=tenant)
+        reply = await self.run(req, tenant)
         timings = {"decode": t_decode, **reply.timings_ms}
         timings["ingress_total"] = (time.perf_counter() - t0) * 1000.0
         self.metrics.observe_stages({k: timings[k] for k in ("decode", "ingress_total")})  # the graph's: the runner
-        resp = replies.build_response(req, reply.actions, reply.sessions, timings, video=reply.video)
+        resp = build_response(req, reply.actions, reply.sessions, timings, video=reply.video)
         resp["served_by"] = reply.replica
         resp["batch_requests"] = reply.batch_requests
         return codec.encode_body(resp, req.flavour)
@@ -146,11 +149,12 @@ class HttpDoor:
         t0 = time.perf_counter()
         return await self.answer(await self.parse_async(body, content_type), t0)
 
-    def count_request(self, status: int, form: str) -> None:
-        self.metrics.requests.inc(1, tags={"route": routes.GENERATIONS_PATH, "status": str(status), "form": form})
-
-    def count_tenant(self, tenant: str | None, status: int, code: str | None = None) -> None:
-        self.metrics.count_tenant(tenant or UNAUTHENTICATED, DOOR, status, code)
+    def count_generation(self, request: Request, status: int, code: str | None = None, sent: int = 0) -> None:
+        """One answered (or refused) generations request, with what the route noted on `request.state`."""
+        state = request.state
+        tenant, form = getattr(state, "tenant", None), getattr(state, "form", "unknown")
+        received = getattr(state, "received", 0)
+        self.count(tenant, status, code, route=routes.GENERATIONS_PATH, form=form, received=received, sent=sent)
 
     # 2. Health, metadata, models ----------------------------------------------------------------------------------
     async def health(self) -> dict:
@@ -200,8 +204,9 @@ class HttpDoor:
         return {"object": "list", "data": [entry]}
 
 
-def build_fastapi_app(door: HttpDoor, websocket: Any = None) -> FastAPI:
-    """The ASGI app: the HTTP door's routes, and `websocket.serve(ws)` (the OpenPI door) on its paths when given."""
+def build_fastapi_app(door: HttpDoor, *others: Door) -> FastAPI:
+    """The ASGI app: the HTTP door's routes and the exception handlers, then each other hosted door's routes
+    (`mount`: the OpenPI WebSocket door, any registered door the ingress hosts)."""
     app = FastAPI(title="DreamZero policy server", docs_url=None, redoc_url=None, openapi_url=None)
     retry_after = door.settings.http.retry_after_s
 
@@ -210,10 +215,10 @@ def build_fastapi_app(door: HttpDoor, websocket: Any = None) -> FastAPI:
 
     async def error_reply(request: Request, exc: Exception) -> Response:
         reply = classify(exc, retry_after)
+        response = reply_response(reply, error_flavour(request))
         if request.url.path == routes.GENERATIONS_PATH:
-            door.count_request(reply.status, getattr(request.state, "form", "unknown"))
-            door.count_tenant(getattr(request.state, "tenant", None), reply.status, reply.code)
-        return reply_response(reply, error_flavour(request))
+            door.count_generation(request, reply.status, reply.code, len(response.body))
+        return response
 
     # Exception itself is answered by Starlette's outermost middleware, which re-raises after the reply so that
     # the server logs it: only a bug of the front door gets there; everything the table names is handled inside.
@@ -227,12 +232,12 @@ def build_fastapi_app(door: HttpDoor, websocket: Any = None) -> FastAPI:
         content_type = request.headers.get("content-type")
         codec.flavour_for_content_type(content_type)  # 415 before reading the body
         body = await door.read_body(request)
+        request.state.received = len(body)
         t0 = time.perf_counter()
         req = await door.parse_async(body, content_type)
         request.state.form = req.form  # the error handler counts the request under its form
         payload, reply_type = await door.answer(req, t0, request.state.tenant)
-        door.count_request(200, req.form)
-        door.count_tenant(request.state.tenant, 200)
+        door.count_generation(request, 200, sent=len(payload))
         return Response(payload, headers={"content-type": reply_type})
 
     @protected.get(routes.METADATA_PATH)
@@ -253,14 +258,6 @@ def build_fastapi_app(door: HttpDoor, websocket: Any = None) -> FastAPI:
     async def healthz() -> Response:
         return JSONResponse({"status": "ok"})
 
-    if websocket is not None:
-
-        @app.websocket(routes.OPENPI_WS_PATH)
-        async def openpi_ws(ws: WebSocket) -> None:
-            await websocket.serve(ws)
-
-        @app.websocket("/")  # openpi-client and DreamZero's own client connect to the server root
-        async def openpi_ws_root(ws: WebSocket) -> None:
-            await websocket.serve(ws, reset_text=True)  # DreamZero's server answers reset with text there
-
+    for other in others:
+        other.mount(app)
     return app

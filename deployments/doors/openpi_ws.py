@@ -24,18 +24,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
-from fastapi import WebSocket
+from fastapi import FastAPI, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from deployments.auth import ConnectionSlots, caller_of, tenant_from_header
+from deployments.config.settings import IngressSettings
+from deployments.doors import Door, register_door
 from deployments.error_replies import ws_error_frame
 from deployments.graph_runner import GraphRunner
 from deployments.preprocess import openpi_key_map
+from deployments.requests import openpi as frames
+from deployments.requests.generations import GenerationRequest
+from deployments.requests.limits import decode_in_worker, request_limits
+from deployments.requests.openpi import OpenPIRequest, parse_openpi_request
 from deployments.routing import ws_session_id
-from deployments.settings import IngressSettings
 from deployments.tenants import DEFAULT_TENANT, UNAUTHENTICATED, TenantKeys
 from dreamzero.errors import InvalidObservation, InvalidRequest, PayloadTooLarge, QuotaExceeded, Unauthorized
-from dreamzero_client.wire import codec, generations, openpi
+from dreamzero_client.wire import codec, openpi, routes
 
 log = logging.getLogger("dreamzero.serve.openpi")
 
@@ -47,8 +52,6 @@ WS_NORMAL, WS_POLICY_VIOLATION, WS_TOO_BIG, WS_TRY_LATER = 1000, 1008, 1009, 101
 DEFAULT_WS_MAX_TOTAL = 32
 #: a resume token is a connection id: 32 hex digits (uuid4), not guessable
 _TOKEN = re.compile(r"^[0-9a-f]{32}$")
-#: the door's name in the per-tenant metrics
-DOOR = "openpi_ws"
 
 
 @dataclass(frozen=True)
@@ -63,9 +66,9 @@ class ConnectionOptions:
     def from_query(cls, query: Mapping[str, str]) -> ConnectionOptions:
         """Raises InvalidObservation naming the bad parameter."""
         handshake = query.get(openpi.QUERY_HANDSHAKE, "plain")
-        if handshake not in openpi.HANDSHAKE_FORMATS:
+        if handshake not in frames.HANDSHAKE_FORMATS:
             raise InvalidObservation(
-                f"query parameter 'handshake' must be one of {list(openpi.HANDSHAKE_FORMATS)}, got {handshake[:64]!r}",
+                f"query parameter 'handshake' must be one of {list(frames.HANDSHAKE_FORMATS)}, got {handshake[:64]!r}",
                 field=openpi.QUERY_HANDSHAKE,
             )
         fmt = query.get(openpi.QUERY_RESPONSE_FORMAT, "array")
@@ -124,9 +127,7 @@ def buffer_frames(session: WsSession, key: str, value: np.ndarray, first_call: b
     return np.stack(history)
 
 
-def to_generation_request(
-    req: openpi.OpenPIRequest, session: WsSession, key_map: Mapping[str, str]
-) -> generations.GenerationRequest:
+def to_generation_request(req: OpenPIRequest, session: WsSession, key_map: Mapping[str, str]) -> GenerationRequest:
     """OpenPI keys -> the embodiment's raw keys with a batch dim of 1 (cameras through the frame buffers), plus the
     session's continuity (the step and incarnation of its last reply: echoed by the client when it sends them, else
     what this socket saw) and real-time chunking options."""
@@ -143,41 +144,39 @@ def to_generation_request(
     missing = [k for k, t in key_map.items() if t not in obs]
     if missing:
         raise InvalidObservation(f"'{missing[0]}' is required for infer (OpenPI keys: {list(key_map)})", missing[0])
-    return generations.GenerationRequest(
-        prompts=[req.prompt or ""],
-        observation=obs,
+    rows = req.rows
+    rows = rows.replace(
         session_ids=[session.model_id],
-        form="raw",
         reset_mask=[first_call],
-        seeds=None if req.seed is None else [req.seed],
-        expected_steps=None if first_call else [_echoed(req.expected_step, session.last_step)],
-        expected_incarnations=None if first_call else [_echoed(req.expected_incarnation, session.last_incarnation)],
-        routing_key=session.model_id,
-        flavour=req.flavour,
-        rtc_prefix_len=None if req.rtc_prefix_len is None else [req.rtc_prefix_len],
-        rtc_exec_horizon=None if req.rtc_exec_horizon is None else [req.rtc_exec_horizon],
-        action_prefix=None if req.action_prefix is None else [req.action_prefix],
-        return_video=req.return_video,
+        expected_steps=None if first_call else [_echoed(rows.expected_steps, session.last_step)],
+        expected_incarnations=None if first_call else [_echoed(rows.expected_incarnations, session.last_incarnation)],
     )
+    return GenerationRequest(obs, rows, form="raw", routing_key=session.model_id, flavour=req.flavour)
 
 
-def _echoed(client_value, socket_value):
+def _echoed(client_rows: list | None, socket_value):
+    """The client's echo of its one row when it sent one, else what this socket saw."""
+    client_value = None if client_rows is None else client_rows[0]
     return socket_value if client_value is None else client_value
 
 
-class OpenPISocketServer:
+@register_door
+class OpenPISocketServer(Door):
     """Serves OpenPI connections over the graph runner."""
 
+    name = "openpi_ws"
+    hosted = True
+
     def __init__(self, runner: GraphRunner, settings: IngressSettings, keys: TenantKeys | None = None):
-        self.runner, self.limits = runner, settings.http
+        super().__init__(runner)
+        self.limits = settings.http
         self.keys = keys or TenantKeys.from_settings(settings.auth)
         self.model_name = settings.model_name
-        self.metrics = runner.metrics
         self.key_map: dict[str, str] = openpi_key_map(runner.embodiment)
         self.open_connections = 0
         h = settings.http
         # one row per message; the frames of that row may come as nested lists, as the HTTP door allows
-        self.decode_limits = codec.DecodeLimits.for_request(max_rows=1, max_bytes=h.ws_max_message_bytes)
+        self.decode_limits = request_limits(max_rows=1, max_bytes=h.ws_max_message_bytes)
         total = h.ws_max_total or DEFAULT_WS_MAX_TOTAL
         self.slots = ConnectionSlots("open WebSockets", h.ws_max_per_tenant, "ws_max_per_tenant", total, "ws_max_total")
 
@@ -212,7 +211,7 @@ class OpenPISocketServer:
         try:
             tenant = tenant_from_header(self.keys, ws.headers.get("authorization"))
         except Unauthorized:
-            self.metrics.count_tenant(UNAUTHENTICATED, DOOR, 401, Unauthorized.code)
+            self.count(UNAUTHENTICATED, 401, Unauthorized.code, route=f"{self.name}/connect")
             await ws.close(code=WS_POLICY_VIOLATION, reason="missing or wrong API key")
             return
         await ws.accept()
@@ -220,8 +219,9 @@ class OpenPISocketServer:
         try:
             self.slots.acquire(caller)
         except QuotaExceeded as err:  # the caller holds its share of the replica's slots already
-            self.metrics.count_tenant(tenant, DOOR, 429, err.code)
-            await ws.send_bytes(openpi.pack_frame(ws_error_frame(err)))
+            frame = openpi.pack_frame(ws_error_frame(err))
+            self.count(tenant, 429, err.code, route=f"{self.name}/connect", sent=len(frame))
+            await ws.send_bytes(frame)
             await ws.close(code=WS_TRY_LATER, reason=f"connection cap: http.{err.quota}")
             return
         try:
@@ -298,12 +298,12 @@ class OpenPISocketServer:
         reply, session, _ = await self._message(data, conn_id, session, options, reset_text, tenant)
         return reply, session
 
-    def _decode(self, data: bytes | str, default_dict: bool) -> openpi.OpenPIRequest:
+    def _decode(self, data: bytes | str, default_dict: bool) -> OpenPIRequest:
         """A frame -> its request, within the door's decode limits (on a decoding thread when the frame is large)."""
         if isinstance(data, str):
             raise InvalidRequest("text frames are not part of the protocol; send binary msgpack frames")
         msg, flavour = codec.decode_msgpack(data, self.decode_limits)
-        return openpi.parse_openpi_request(msg, flavour, default_dict)
+        return parse_openpi_request(msg, flavour, default_dict)
 
     async def _message(
         self,
@@ -314,14 +314,34 @@ class OpenPISocketServer:
         reset_text: bool = False,
         tenant: str = DEFAULT_TENANT,
     ) -> tuple[bytes | str, WsSession | None, bool]:
-        """`message`, and whether the frame was valid (an error frame's does not keep the connection alive)."""
+        """`message`, and whether the frame was valid (an error frame's does not keep the connection alive); each
+        reply counted once (`Door.count`)."""
+        state = {"endpoint": "unknown"}
+        reply, session, valid, status, code = await self._answer(
+            data, conn_id, session, options, reset_text, tenant, state
+        )
+        route = f"{self.name}/{state['endpoint']}"
+        self.count(tenant, status, code, route=route, received=len(data or b""), sent=len(reply))
+        return reply, session, valid
+
+    async def _answer(
+        self,
+        data: bytes | str | None,
+        conn_id: str,
+        session: WsSession | None,
+        options: ConnectionOptions | None,
+        reset_text: bool,
+        tenant: str,
+        state: dict,
+    ) -> tuple[bytes | str, WsSession | None, bool, int, str | None]:
+        """-> (reply frame, the connection's session, whether the frame was valid, status, error code)."""
         options = options or ConnectionOptions()
         flavour = codec.OPENPI
         try:
             if data is None:
                 raise InvalidRequest("empty frame; send a binary msgpack map")
-            req = await codec.decode_in_worker(len(data), self._decode, data, options.default_dict)
-            flavour = req.flavour
+            req = await decode_in_worker(len(data), self._decode, data, options.default_dict)
+            flavour, state["endpoint"] = req.flavour, req.endpoint
             if session is None or session.session_id != req.session_id:
                 if session is not None:
                     await self.drop_session(session.model_id, tenant)  # a new session id restarts: free the old state
@@ -330,23 +350,33 @@ class OpenPISocketServer:
                     session.reset_next = False  # continue what the earlier connection left on the replica
             if req.endpoint == "reset":
                 session.restart()
-                self.metrics.count_tenant(tenant, DOOR, 200)
                 if reset_text:
-                    return openpi.RESET_TEXT, session, True
-                return openpi.pack_frame(openpi.OPENPI_RESET_REPLY, flavour), session, True
-            reply = await self.runner.run(to_generation_request(req, session, self.key_map), tenant=tenant)
+                    return frames.RESET_TEXT, session, True, 200, None
+                return openpi.pack_frame(frames.OPENPI_RESET_REPLY, flavour), session, True, 200, None
+            reply = await self.run(to_generation_request(req, session, self.key_map), tenant)
             report = reply.sessions[0]
             session.last_step, session.last_incarnation, session.reset_next = report.step, report.incarnation, False
             extra = None
-            as_dict = req.reply_as_dict or req.return_video  # the frames need the dict form
+            as_dict = req.reply_as_dict or req.rows.return_video  # the frames need the dict form
             if as_dict:
                 extra = {"session": report.to_dict(), "timings": reply.timings_ms, "served_by": reply.replica}
                 if reply.video is not None:
                     extra["video"] = reply.video[0]  # uint8 [T, H, W, 3]
-            self.metrics.count_tenant(tenant, DOOR, 200)
-            return openpi.pack_frame(openpi.infer_reply(reply.actions[0], as_dict, extra), flavour), session, True
+            frame = openpi.pack_frame(frames.infer_reply(reply.actions[0], as_dict, extra), flavour)
+            return frame, session, True, 200, None
         except Exception as exc:  # noqa: BLE001 - reported to the client as an error frame
             frame = ws_error_frame(exc)
-            self.metrics.count_tenant(tenant, DOOR, frame["status"], frame.get("code"))
             # a well-formed request the server could not answer (busy, over a quota) still shows a live client
-            return openpi.pack_frame(frame, flavour), session, frame["status"] >= 429
+            valid = frame["status"] >= 429
+            return openpi.pack_frame(frame, flavour), session, valid, frame["status"], frame.get("code")
+
+    def mount(self, app: FastAPI) -> None:
+        """The OpenPI paths on the ingress's app: the vLLM-Omni path and the server root."""
+
+        @app.websocket(routes.OPENPI_WS_PATH)
+        async def openpi_ws(ws: WebSocket) -> None:
+            await self.serve(ws)
+
+        @app.websocket("/")  # openpi-client and DreamZero's own client connect to the server root
+        async def openpi_ws_root(ws: WebSocket) -> None:
+            await self.serve(ws, reset_text=True)  # DreamZero's server answers reset with text there

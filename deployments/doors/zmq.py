@@ -37,9 +37,14 @@ import msgpack
 
 from deployments.audit import configure_audit_log, configure_info_log
 from deployments.auth import tenant_from_token
+from deployments.config.sections import ZmqCurveArgs
+from deployments.config.settings import ZmqDoorSettings
+from deployments.doors import Door, register_door
 from deployments.error_replies import classify
 from deployments.graph_runner import GraphRunner
-from deployments.settings import ZmqDoorSettings
+from deployments.requests import rldx as rldx_requests
+from deployments.requests.generations import GenerationRequest
+from deployments.requests.limits import decode_in_worker, request_limits
 from deployments.tenants import (
     DEFAULT_TENANT,
     UNAUTHENTICATED,
@@ -50,14 +55,15 @@ from deployments.tenants import (
 )
 from dreamzero.errors import (
     CapacityError,
+    ConfigError,
     InvalidObservation,
     InvalidRequest,
     PayloadTooLarge,
     QuotaExceeded,
     Unauthorized,
 )
-from dreamzero_client.wire import generations, rldx
-from dreamzero_client.wire.limits import Budget, DecodeLimits, decode_in_worker
+from dreamzero_client.wire import rldx
+from dreamzero_client.wire.limits import Budget, DecodeLimits
 
 log = logging.getLogger("dreamzero.serve.zmq")
 
@@ -77,10 +83,6 @@ KILL_TENANT = "admin"
 #: keys of a request map, and the longest `endpoint` / `api_token` string read before the token check
 REQUEST_KEYS = 8
 MAX_HEADER_STR = 4096
-#: the language key advertised by get_modality_config (the GR00T / RLDX-1 DROID name)
-LANGUAGE_KEY = "annotation.language.language_instruction"
-#: the frames a DROID model reads per camera, as offsets in control steps (a 4-frame stack, one every 8 steps)
-VIDEO_DELTA_INDICES = [-23, -16, -8, 0]
 
 
 def client_namespace(identity: bytes) -> str:
@@ -91,22 +93,24 @@ def model_session_id(client: str, session_id: str) -> str:
     return f"{ZMQ_SESSION_PREFIX}-{client}:{session_id}"
 
 
-class ZmqDoor:
+@register_door
+class ZmqDoor(Door):
     """Request handling of the ZMQ front door, without the socket (tests drive `handle` directly)."""
 
+    name = ROUTE  # its own deployment (it binds a port): the builder binds `ZmqIngressDeployment`
+
     def __init__(self, runner: GraphRunner, settings: ZmqDoorSettings):
-        self.runner, self.zcfg = runner, settings.zmq
+        super().__init__(runner)
+        self.zcfg = settings.zmq
         self.keys = TenantKeys.from_settings(settings.auth)
         self.embodiment = runner.embodiment
-        self.metrics = runner.metrics
         # (tenant, client) -> {client's session id: (routing key of the request that used it, last use)}, LRU order
         self.sessions: OrderedDict[tuple[str, str], OrderedDict[str, tuple[str, float]]] = OrderedDict()
         self._remembered = 0  # sessions in `self.sessions`, all clients together
         self._reset_buckets: dict[str, TokenBucket] = {}  # tenant -> its `reset` rate
         self.in_flight = 0
         self.killed = asyncio.Event()
-        self.limits = DecodeLimits.for_request(max_rows=max(1, int(runner.max_rows or 1)),
-                                               max_bytes=self.zcfg.max_message_bytes)  # fmt: skip
+        self.limits = request_limits(max_rows=max(1, int(runner.max_rows or 1)), max_bytes=self.zcfg.max_message_bytes)
         self._zap = self._zap_context = None  # CURVE allow-list: the ZAP handler and its context (bind)
 
     # --- one message ----------------------------------------------------------------------------------------------
@@ -124,7 +128,7 @@ class ZmqDoor:
             # loop when large: skipping 64 MiB of small values takes about half a second)
             tenant = self.check_token(await decode_in_worker(len(payload), read_token, payload))
             message = await decode_in_worker(len(payload), bounded_unpack, payload, self.limits)
-            request = rldx.parse_request(message)
+            request = rldx_requests.parse_request(message)
             endpoint = request.endpoint
             # the runner cancels the downstream calls it started when this deadline cancels it
             reply = await asyncio.wait_for(self.dispatch(identity, request, tenant), self.zcfg.request_timeout_s)
@@ -141,9 +145,7 @@ class ZmqDoor:
                 audit_refusal(tenant, f"zmq/{endpoint}", exc)
         finally:
             self.in_flight -= 1
-        tags = {"route": f"{ROUTE}/{endpoint}", "status": str(status), "form": "raw"}
-        self.metrics.requests.inc(1, tags=tags)
-        self.metrics.count_tenant(tenant, ROUTE, status, code)
+        self.count(tenant, status, code, route=f"{ROUTE}/{endpoint}", received=len(payload), sent=len(out))
         self.metrics.observe_stages({"zmq_total": (time.perf_counter() - t0) * 1000.0})
         return out
 
@@ -173,9 +175,9 @@ class ZmqDoor:
         self.keys.replace_static(keys)
         self.runner.quotas.update(quotas)
 
-    async def dispatch(self, identity: bytes, request: rldx.RldxRequest, tenant: str = DEFAULT_TENANT) -> Any:
+    async def dispatch(self, identity: bytes, request: rldx_requests.RldxRequest, tenant: str = DEFAULT_TENANT) -> Any:
         if request.endpoint == "ping":
-            return dict(rldx.PING_REPLY)
+            return dict(rldx_requests.PING_REPLY)
         if request.endpoint == "get_modality_config":
             return await self.modality_config()
         if request.endpoint == "kill":
@@ -188,32 +190,20 @@ class ZmqDoor:
             return None
         client = client_namespace(identity)
         if request.endpoint == "reset":
-            return await self.reset(client, rldx.parse_reset(request.data), tenant)
+            return await self.reset(client, rldx_requests.parse_reset(request.data), tenant)
         return await self.get_action(client, request.data, tenant)
 
     # --- endpoints --------------------------------------------------------------------------------------------------
     async def get_action(self, client: str, data: dict, tenant: str = DEFAULT_TENANT) -> list:
-        req = rldx.parse_get_action(data, LANGUAGE_KEY, max_batch=self.runner.max_rows)
-        opts = req.options
-        gen = generations.GenerationRequest(
-            prompts=req.prompts,
-            observation=req.observation,
-            session_ids=[model_session_id(client, s) for s in opts.session_ids],
-            form="raw",
-            reset_mask=opts.reset_mask,
-            seeds=opts.seeds,
-            expected_steps=opts.expected_steps,
-            expected_incarnations=opts.expected_incarnations,
-            rtc_prefix_len=opts.rtc_prefix_len,
-            rtc_exec_horizon=opts.rtc_exec_horizon,
-            action_prefix=opts.action_prefix,
-            return_video=opts.return_video,
-        )
-        reply = await self.runner.run(gen, self.zcfg.request_timeout_s, tenant)
+        req = rldx_requests.parse_get_action(data, self.embodiment.language_key, max_batch=self.runner.max_rows)
+        own_ids = req.rows.session_ids
+        rows = req.rows.replace(session_ids=[model_session_id(client, s) for s in own_ids])  # the client's namespace
+        gen = GenerationRequest(req.observation, rows, form="raw")
+        reply = await self.run(gen, tenant, self.zcfg.request_timeout_s)
         # only now do these sessions exist on the Policy: a refused request's ids are never remembered
-        self._remember((tenant, client), opts.session_ids[: len(reply.sessions)], gen.route_key)
+        self._remember((tenant, client), own_ids[: len(reply.sessions)], gen.route_key)
         reports = []
-        for own_id, report in zip(opts.session_ids, reply.sessions):
+        for own_id, report in zip(own_ids, reply.sessions):
             entry = report.to_dict()
             entry["session_id"] = own_id  # the client's own name, not the namespaced one
             reports.append(entry)
@@ -225,7 +215,7 @@ class ZmqDoor:
         }
         if reply.video is not None:
             info["video"] = reply.video  # uint8 [B, T, H, W, 3], one row per session
-        return rldx.action_reply(self.embodiment.split_actions(reply.actions), info)
+        return rldx_requests.action_reply(self.embodiment.split_actions(reply.actions), info)
 
     async def reset(self, client: str, session_ids: list[str] | None, tenant: str = DEFAULT_TENANT) -> dict:
         """Restart the caller's sessions (without ids: those it is remembered to hold, at most
@@ -262,10 +252,10 @@ class ZmqDoor:
         emb = self.embodiment
         short = lambda keys: [k.split(".", 1)[1] for k in keys]  # noqa: E731 - `video.cam` -> `cam`
         return {
-            "video": rldx.ModalityConfig(list(VIDEO_DELTA_INDICES), short(emb.video_keys)),
+            "video": rldx.ModalityConfig(list(emb.frame_offsets), short(emb.video_keys)),
             "state": rldx.ModalityConfig([0], short(emb.state_keys)),
             "action": rldx.ModalityConfig(list(range(info.action_horizon)), short(emb.action_keys)),
-            "language": rldx.ModalityConfig([0], [LANGUAGE_KEY]),
+            "language": rldx.ModalityConfig([0], [emb.language_key]),
         }
 
     def _remember(self, client: tuple[str, str], session_ids: list[str], route_key: str) -> None:
@@ -317,7 +307,7 @@ class ZmqDoor:
         import zmq.asyncio
 
         curve = self.zcfg.curve
-        allowed = curve.allowed_clients() if curve is not None else None
+        allowed = curve_allowed_clients(curve) if curve is not None else None
         ctx = zmq.asyncio.Context.instance()
         if allowed is not None:
             ctx = self._zap_context = zmq.asyncio.Context()
@@ -327,7 +317,7 @@ class ZmqDoor:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a reply to a peer that left is dropped, not an error
         if curve is not None:
-            public, sock.curve_secretkey = curve.server_keys()
+            public, sock.curve_secretkey = curve_server_keys(curve)
             sock.curve_publickey = public
             sock.curve_server = True
             who = "any client with the server key" if allowed is None else f"{len(allowed)} client keys"
@@ -368,6 +358,49 @@ class ZmqDoor:
             await sock.send_multipart([*envelope, reply])
         except Exception as exc:  # noqa: BLE001 - the peer may be gone; nothing else to do
             log.warning("could not send a ZMQ reply: %s", type(exc).__name__)
+
+
+def curve_server_keys(curve: ZmqCurveArgs, field_prefix: str = "zmq.curve.") -> tuple[bytes, bytes]:
+    """(public, secret) Z85 keys of the server, read now from `secret_key_file` or `secret_key_env`; ConfigError
+    naming the field. The door reads them when it binds; `serve run` once before any replica starts."""
+    import os
+
+    import zmq
+
+    from dreamzero_client import zmq_keys
+
+    if not zmq.has("curve"):
+        raise ConfigError("this pyzmq's libzmq was built without CURVE (libsodium); install the pyzmq wheel")
+    if curve.secret_key_file is not None:
+        return zmq_keys.read_secret_key(curve.secret_key_file, f"{field_prefix}secret_key_file")
+    value = os.environ.get(curve.secret_key_env or "", "").strip()
+    if not value:
+        raise ConfigError(f"{field_prefix}secret_key_env names {curve.secret_key_env!r}, which is unset or empty here")
+    secret = zmq_keys.check_key(value, f"{field_prefix}secret_key_env (${curve.secret_key_env})")
+    return zmq.curve_public(secret), secret
+
+
+def curve_allowed_clients(curve: ZmqCurveArgs, field_prefix: str = "zmq.curve.") -> frozenset[bytes] | None:
+    """The Z85 public keys let in (`client_keys` and the certificates in `client_keys_dir`, read now), or None when
+    any client with the server's public key may enter. A `client_keys_dir` that is missing or holds no certificate is
+    a ConfigError: an allow-list that lets nobody in is a mistake, never "anyone"."""
+    from pathlib import Path
+
+    from dreamzero_client import zmq_keys
+
+    keys = [zmq_keys.check_key(k, f"{field_prefix}client_keys") for k in curve.client_keys]
+    folder = curve.client_keys_dir
+    if folder is not None:
+        if not Path(folder).is_dir():
+            raise ConfigError(
+                f"{folder!r} is not a directory: point {field_prefix}client_keys_dir at one or set it to null"
+            )
+        certificates = sorted(Path(folder).expanduser().glob("*.key"))
+        found = [zmq_keys.read_public_key(p, f"{field_prefix}client_keys_dir ({p.name})") for p in certificates]
+        if not found:
+            raise ConfigError(f"{field_prefix}client_keys_dir {folder!r} holds no client certificate (*.key)")
+        keys += found
+    return frozenset(keys) if keys else None
 
 
 def start_zap(ctx, allowed: frozenset[bytes]):

@@ -36,10 +36,32 @@ def register_embodiment(cls: type[Embodiment], replace: bool = False) -> type[Em
     """Make `cls` available under `cls.tag` (usable as a decorator)."""
     if not (isinstance(cls, type) and issubclass(cls, Embodiment)) or not getattr(cls, "tag", None):
         raise ConfigError(f"{cls!r} is not an Embodiment subclass with a `tag`")
+    check_frame_history(cls)
     if cls.tag in _REGISTRY and _REGISTRY[cls.tag] is not cls and not replace:
         raise ConfigError(f"embodiment tag {cls.tag!r} is already registered by {_REGISTRY[cls.tag].__name__}")
     _REGISTRY[cls.tag] = cls
     return cls
+
+
+def check_frame_history(cls: type[Embodiment]) -> None:
+    """`frame_offsets` (oldest first, increasing, ending at 0) and `language_key` are declared: the doors advertise
+    them, so a robot without them fails here, at registration, not on a client's first call."""
+    offsets = getattr(cls, "frame_offsets", None)
+    ok = (
+        isinstance(offsets, tuple)
+        and len(offsets) > 0
+        and all(isinstance(o, int) for o in offsets)
+        and offsets[-1] == 0
+        and all(a < b for a, b in zip(offsets, offsets[1:]))
+    )
+    if not ok:
+        raise ConfigError(
+            f"{cls.__name__}.frame_offsets: expected a tuple of increasing ints ending at 0 (e.g. (-23, -16, -8, 0)), "
+            f"got {offsets!r}"
+        )
+    if not isinstance(getattr(cls, "language_key", None), str) or not cls.language_key:
+        raise ConfigError(f"{cls.__name__}.language_key: expected the instruction's observation key, e.g. "
+                          "'annotation.language.language_instruction'")  # fmt: skip
 
 
 def known_tags() -> list[str]:

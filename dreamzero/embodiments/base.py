@@ -97,6 +97,9 @@ class PostprocessContext:
 class Embodiment:
     """Transforms of one robot/dataset family. Subclasses set the class attributes below and `stitch`."""
 
+    # More than ~15 methods on purpose: one robot's wire keys, widths, canvas and action codec, read in both
+    # directions (observation in, actions out) from the same class attributes; a subclass overrides single steps.
+
     tag: ClassVar[str]
     action_horizon: ClassVar[int]
     video_keys: ClassVar[tuple[str, ...]]  # in the order `stitch` receives them
@@ -117,6 +120,11 @@ class Embodiment:
     openpi_ignored_keys: ClassVar[tuple[str, ...]] = ()  # sent by OpenPI clients but unused
     openpi_action_space: ClassVar[str] = "joint_position"
     wire_image_hw: ClassVar[tuple[int, int]]  # the image size clients are told to send
+    # the frames a session's later queries send per camera, as offsets in control steps from the current one, oldest
+    # first, ending at 0 (a first query sends 1 frame): the one definition the doors advertise and the evals send
+    frame_offsets: ClassVar[tuple[int, ...]]
+    # where a GR00T / RLDX-1 observation carries the instruction for this robot's data (the ZeroMQ door advertises it)
+    language_key: ClassVar[str]
     max_state_dim: ClassVar[int] = 64
     max_action_dim: ClassVar[int] = 32
 

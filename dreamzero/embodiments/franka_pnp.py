@@ -24,6 +24,9 @@ class FrankaPnp(LiberoSim):
     # RLinf's DreamZero policy binarises the last action dim: > 0 -> +1 (open) else -1 (close)
     gripper_rules = (BinariseGripper("action.actions", index=-1, threshold=0.0, low=-1.0, high=1.0),)
     openpi_action_space = "eef_delta"
+    # the Franka pnp app spreads its 4 frames over the rows it executed (`dreamzero_franka.pnp.policy.frame_offsets`);
+    # these are its spread over one whole chunk of `action_horizon` rows
+    frame_offsets = (-18, -12, -6, 0)
 
     def openpi_server_config(self) -> dict[str, Any]:
         # "eef_delta" with one exterior view is also LIBERO's handshake: name the embodiment so a client can tell

@@ -29,6 +29,9 @@ class LiberoSim(Embodiment):
     canvas_hw = (256, 512)
     canvas_slots = {"video.image": Slot(0, 0), "video.wrist_image": Slot(0, 256)}
     wire_image_hw = (256, 256)
+    # the first frame at the start of the 16-step chunk just executed, evenly spaced to the current one
+    frame_offsets = (-15, -10, -5, 0)
+    language_key = "annotation.human.action.task_description"  # GR00T's LIBERO datasets
     prompt_template = TWO_VIEW_TEMPLATE
     # LIBERO's gripper command is -1 (open) / +1 (close)
     gripper_rules = (BinariseGripper("action.actions", index=6, threshold=0.0, low=-1.0, high=1.0),)

@@ -7,7 +7,7 @@ import numpy as np
 from dreamzero.embodiments.base import Embodiment
 from dreamzero.embodiments.canvas import Slot
 from dreamzero.embodiments.transforms import AddCurrentState, BinariseGripper, PromptTemplate, stitch_droid
-from dreamzero_client.droid import OPENPI_CARTESIAN_KEY, OPENPI_DROID_KEY_MAP
+from dreamzero_client.wire.openpi import OPENPI_CARTESIAN_KEY, OPENPI_DROID_KEY_MAP
 
 EXTERIOR_1 = "video.exterior_image_1_left"
 EXTERIOR_2 = "video.exterior_image_2_left"
@@ -29,6 +29,10 @@ class OxeDroid(Embodiment):
     canvas_hw = (352, 640)
     canvas_slots = {WRIST: Slot(0, 0, width_repeat=2), EXTERIOR_1: Slot(176, 0), EXTERIOR_2: Slot(176, 320)}
     wire_image_hw = (180, 320)
+    # a 4-frame block spread over the 24-step chunk just executed; the DROID client runtime sends the same
+    # (`dreamzero_droid.droid.FRAME_OFFSETS`, a robot-side copy: the client cannot import the server)
+    frame_offsets = (-23, -16, -8, 0)
+    language_key = "annotation.language.language_instruction"  # the GR00T / RLDX-1 DROID name
     prompt_template = PromptTemplate(
         prefix="A multi-view video shows that a robot ",
         middle=(

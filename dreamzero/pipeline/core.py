@@ -44,7 +44,7 @@ def _canvas_hw(model_cfg) -> tuple[int, int] | None:
         return None
 
 
-class DreamZeroPipeline:
+class DreamZeroPipeline:  # More than ~15 methods on purpose: a facade, each method a step of one loop module.
     """A DreamZero model plus session store: `generate(ModelBatch) -> ChunkResult` for any mix of sessions."""
 
     def __init__(

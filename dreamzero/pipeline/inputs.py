@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from dreamzero import rtc
 from dreamzero.config import DiTConfig
 from dreamzero.errors import InvalidObservation
-from dreamzero.types import ModelBatch
+from dreamzero.types import ROW_OPTIONS, ModelBatch
 
 
 def validate_batch(batch: ModelBatch, dit_cfg: DiTConfig, action_horizon: int, max_action_dim: int) -> None:
@@ -48,11 +48,14 @@ def validate_batch(batch: ModelBatch, dit_cfg: DiTConfig, action_horizon: int, m
             not isinstance(value, (list, tuple)) or any(not isinstance(p, str) for p in value)
         ):
             raise InvalidObservation(f"{name} must be a list of {n} strings", field=name)
-    names = ("prompts", "negative_prompts", "reset_mask", "expected_steps", "expected_incarnations", "seeds")
-    for name in (*names, "return_video"):
+    for name in ("prompts", *ROW_OPTIONS):  # every per-row option, a new one included
         value = getattr(batch, name)
-        if value is not None and len(value) != n:
-            raise InvalidObservation(f"{name} has {len(value)} entries, the batch has {n} rows", field=name)
+        if value is None:
+            continue
+        entries = len(value) if hasattr(value, "__len__") and not isinstance(value, (str, bytes)) else None
+        if entries != n:
+            got = type(value).__name__ if entries is None else f"{entries} entries"
+            raise InvalidObservation(f"{name} has {got}, the batch has {n} rows", field=name)
     if batch.seeds is not None and any(not isinstance(s, (int, np.integer)) or s < 0 for s in batch.seeds):
         raise InvalidObservation("seeds must be non-negative integers", field="seeds")
     rtc.requests(batch, action_horizon, max_action_dim)  # real-time chunking options

@@ -3,8 +3,8 @@
 A clip starts at frame t0 and spans `blocks` action chunks of A = action_horizon steps (24 on DROID). As served:
 - the session's first query sends one frame (t0): the anchor, prefilled clean at latent frame 0;
 - block k holds the actions of steps t0 + A k .. t0 + A k + A - 1, the state at step t0 + A k, and as its video the
-  four frames the client sends with the next query, at offsets (-23, -16, -8, 0) from step e = t0 + A (k + 1)
-  (`dreamzero_client.droid.FRAME_OFFSETS`); the pipeline encodes them as [anchor, each frame twice] and keeps the
+  four frames the client sends with the next query, at the embodiment's `frame_offsets` from step e = t0 + A (k + 1)
+  (DROID: -23, -16, -8, 0); the pipeline encodes them as [anchor, each frame twice] and keeps the
   last `num_frame_per_block` latents.
 Steps past the end of an episode repeat its last frame / action / state (the robot holding still).
 
@@ -23,9 +23,6 @@ import numpy as np
 from dreamzero.embodiments.base import Embodiment
 from dreamzero.errors import ConfigError
 from dreamzero.lerobot_dataset import LeRobotDataset, get_preset
-
-#: offsets of a block's frames from the step that ends it (the DROID client's selection)
-FRAME_OFFSETS = (-23, -16, -8, 0)
 
 
 def read_video(path: str | Path) -> np.ndarray:
@@ -87,8 +84,6 @@ def episode_video(dataset: LeRobotDataset, episode_index: int, feature: str) -> 
 
 def load_episodes(root: str | Path, embodiment: Embodiment, max_episodes: int | None = None) -> list[EpisodeArrays]:
     """Every episode of a LeRobot v3.0 dataset with the embodiment's preset columns (state, action, cameras)."""
-    import pyarrow.parquet as pq
-
     dataset = LeRobotDataset(root)
     if dataset.major != 3:
         raise ConfigError(f"dataset: training reads LeRobot v3.0 datasets, {root} is v{dataset.major}")
@@ -98,8 +93,7 @@ def load_episodes(root: str | Path, embodiment: Embodiment, max_episodes: int | 
     missing = [k for k in embodiment.video_keys if k not in video_features]
     if missing:
         raise ConfigError(f"dataset preset {preset.tag!r} names no camera for {missing}")
-    tasks_path = Path(root) / "meta" / "tasks.parquet"
-    tasks = {int(r["task_index"]): r["task"] for r in pq.read_table(tasks_path).to_pylist()}
+    tasks = dataset.tasks()  # as we write it or as lerobot does (the strings as the pandas index)
     columns = sorted({s.column for s in (*state_slices, *action_slices)} | {"task_index"})
     out = []
     for e in dataset.episode_indices[:max_episodes]:
@@ -137,7 +131,8 @@ def make_clip(episode: EpisodeArrays, t0: int, blocks: int, embodiment: Embodime
         return embodiment.stitch(views)[0]  # [T, H, W, 3]
 
     block_steps = [t0 + horizon * k for k in range(blocks)]
-    frames = np.stack([canvas([t0 + horizon * (k + 1) + off for off in FRAME_OFFSETS]) for k in range(blocks)])
+    offsets = embodiment.frame_offsets  # the frames a served query sends
+    frames = np.stack([canvas([t0 + horizon * (k + 1) + off for off in offsets]) for k in range(blocks)])
     # state: q99 per key, zero padded to the model width
     raw_state = {key: v[[at(s) for s in block_steps]] for key, v in episode.state.items()}  # [K, D] per key
     norm = np.concatenate([embodiment.state_normalisers[k].normalise(raw_state[k]) for k in embodiment.state_keys], -1)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from dreamzero.config import parse_pipeline_config, pipeline_overrides_arg
+from dreamzero.cli_help import pipeline_overrides_arg
+from dreamzero.config import parse_pipeline_config
 from dreamzero.embedded_default import SHIPPED_MODELS_DIR
 from dreamzero.errors import ConfigError
 from dreamzero.train.trainer import LOG_FILE, STATE_FILE

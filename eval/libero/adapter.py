@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from dreamzero.embodiments.libero_sim import LiberoSim
 from dreamzero.errors import ConfigError, InvalidObservation
 
 FORMS = ("raw", "normalised")
@@ -28,9 +29,8 @@ STATE_DIM = 8
 LIBERO_EMBODIMENT_ID = 21
 IMAGE_KEY = "agentview_image"
 WRIST_KEY = "robot0_eye_in_hand_image"
-#: frames of a 4-frame stack, as offsets from the current step: the first at the start of the 16-step chunk just
-#: executed, evenly spaced to the current frame (the DROID client spans its 24-step chunk the same way: -23..0)
-FRAME_OFFSETS = (-15, -10, -5, 0)
+#: frames of a 4-frame stack, as offsets from the current step (the embodiment's: one definition)
+FRAME_OFFSETS = LiberoSim.frame_offsets
 HISTORY_LEN = -FRAME_OFFSETS[0] + 1
 #: keep the gripper open and the arm still while objects settle after an init state is set (as openpi's LIBERO eval)
 SETTLE_ACTION = np.array([0, 0, 0, 0, 0, 0, -1.0])

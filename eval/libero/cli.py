@@ -91,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", type=Path, default=None, help="run directory (default runs/libero-eval-<time>)")
     g.add_argument("--no-video", action="store_true")
     g.add_argument("--no-report", action="store_true")
-    g.add_argument("--no-progress", action="store_true")
+    g.add_argument(
+        "--no-progress", action="store_true", help="no progress (a bar on a terminal, a plain line every 30 s in a log)"
+    )
     return p
 
 
@@ -121,6 +123,7 @@ def config_from_args(ns: argparse.Namespace):
         extra={"simulator": "libero", "benchmark": "LIBERO", "suite": ns.suite, "form": ns.form},
     )
     config.validate()
+    _ = config.step_limit  # an unknown suite without --max-steps fails here, before the wait for the server
     return config
 
 
@@ -144,15 +147,14 @@ def run_from_args(ns: argparse.Namespace) -> int:
         )
         backend = LiberoBackend(ns.suite, resolution=ns.resolution, seed=ns.seed)
     except (ConfigError, MissingDependency, ValueError) as exc:
-        print(f"dreamzero-eval-libero: {exc}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
+        print(f"waiting up to {ns.ready_timeout_s:g} s for {url}/health (--ready-timeout-s)", file=sys.stderr)
         client.wait_until_ready(timeout_s=ns.ready_timeout_s)
-        summary = run_libero_evaluation(
-            backend, client, config, ns.metadata, show_progress=not ns.no_progress and sys.stderr.isatty()
-        )
+        summary = run_libero_evaluation(backend, client, config, ns.metadata, show_progress=not ns.no_progress)
     except (ConfigError, MissingDependency, ValueError, ClientError) as exc:
-        print(f"dreamzero-eval-libero: {exc}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
         client.close()

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from dreamzero.errors import ConfigError
-from dreamzero_client.image_tools import resize_with_pad
+from dreamzero_droid.image_tools import resize_with_pad
 from eval.libero.adapter import (
     FORMS,
     FRAME_OFFSETS,
@@ -444,13 +444,13 @@ def run_libero_evaluation(
     `client`: a `dreamzero_client.http_client.ActionClient` (or anything with its `generate` / `forget_sessions`);
     `metadata`: the libero_sim statistics for the normalised form (path, checkpoint dir, dict, None = shipped).
     """
-    from tqdm import tqdm
+    from dreamzero.progress import progress_bar
 
     config.validate()
     plan = plan_episodes(backend.tasks(), config.task_ids, config.init_states)
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    with tqdm(total=len(plan), unit="episode", desc="LIBERO eval", disable=not show_progress) as bar:
+    with progress_bar(len(plan), "LIBERO eval", "episode", enabled=show_progress) as bar:
         evaluation = LiberoEvaluation(backend, client, config, metadata, progress=bar)
         records = evaluation.run(plan)
     summary = summarize_libero(records, config, evaluation.request_latencies_ms)

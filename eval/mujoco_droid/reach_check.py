@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dreamzero.config import pipeline_overrides_arg
+from dreamzero.cli_help import pipeline_overrides_arg
 from dreamzero.errors import ConfigError
 from dreamzero.lerobot_dataset import LeRobotDataset
 from dreamzero.train.data import read_video

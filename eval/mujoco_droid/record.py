@@ -20,10 +20,16 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from dreamzero.cli_help import DefaultsHelpFormatter
 from dreamzero.errors import ConfigError, DreamZeroError
+from dreamzero_droid.lerobot import (
+    VIDEO_ENCODINGS,
+    Episode,
+    dataset_video_encoding,
+    video_encoding_name,
+    write_dataset,
+)
 from eval.env_contract import IMAGE_KEYS
 from eval.mujoco_droid.expert import (
     LAYOUTS,
@@ -32,13 +38,6 @@ from eval.mujoco_droid.expert import (
     reset_with_layout,
     sample_detours,
     sample_layout,
-)
-from eval.mujoco_droid.lerobot_writer import (
-    VIDEO_ENCODINGS,
-    Episode,
-    dataset_video_encoding,
-    video_encoding_name,
-    write_dataset,
 )
 
 log = logging.getLogger(__name__)
@@ -106,7 +105,7 @@ def record_demos(
     video: str = "standard",
 ) -> dict:
     """Record `num_episodes` successful episodes under `out` (videos in encoding `video`, see
-    lerobot_writer.VIDEO_ENCODINGS); returns a summary (attempts, success rate, frames)."""
+    dreamzero_droid.lerobot.VIDEO_ENCODINGS); returns a summary (attempts, success rate, frames)."""
     from eval.mujoco_droid.env import MujocoDroidEnv
 
     layout_range(layouts)  # fail on a bad name, probability or encoding before building the scene
@@ -126,6 +125,7 @@ def record_demos(
             attempts += 1
             log.info("episode seed %d: %d steps, success=%s", episode.extra["seed"], len(episode), success)
             if success:
+                episode.success = True
                 kept.append(episode)
     finally:
         env.close()
@@ -142,12 +142,13 @@ def record_demos(
 
 def read_episodes(root: str | Path) -> list[Episode]:
     """The episodes of a dataset this recorder wrote (vectors, decoded videos, layout records), in episode order."""
-    from dreamzero.lerobot_dataset import LeRobotDataset
     from dreamzero.train.data import episode_video
+    from dreamzero_droid.lerobot import LeRobotDataset, episode_marks
 
     dataset = LeRobotDataset(root)
     layouts = {r["episode_index"]: r for r in json.loads((Path(root) / "meta" / "layouts.json").read_text())}
-    tasks = {int(r["task_index"]): r["task"] for r in pq.read_table(Path(root) / "meta" / "tasks.parquet").to_pylist()}
+    tasks = dataset.tasks()
+    marks = {m["episode_index"]: m["success"] for m in episode_marks(root)}
     episodes = []
     for e in dataset.episode_indices:
         cols = dataset.episode_columns(e, ["observation.state", "action", "task_index"])
@@ -158,6 +159,7 @@ def read_episodes(root: str | Path) -> list[Episode]:
                 vectors={k: cols[k].astype(np.float32) for k in ("observation.state", "action")},
                 videos={k: episode_video(dataset, e, k) for k in VIDEO_FEATURES.values()},
                 extra=extra,
+                success=marks.get(e),
             )
         )
     return episodes
@@ -172,8 +174,7 @@ def merge_datasets(out: str | Path, parts: Sequence[str | Path]) -> Path:
 
 
 def _write(out: str | Path, episodes: list[Episode], fps: float, video: str = "standard") -> Path:
-    root = write_dataset(out, episodes, fps=fps, robot_type="franka_fr3_mujoco", video=video)
-    (Path(root) / "meta" / "modality.json").write_text(json.dumps(MODALITY, indent=2))
+    root = write_dataset(out, episodes, fps=fps, robot_type="franka_fr3_mujoco", video=video, modality=MODALITY)
     records = [{"episode_index": i, **e.extra} for i, e in enumerate(episodes)]
     (Path(root) / "meta" / "layouts.json").write_text(json.dumps(records, indent=1))
     return Path(root)

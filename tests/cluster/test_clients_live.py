@@ -1,4 +1,4 @@
-"""Our own clients (clients/dreamzero_client/http_client.py, clients/dreamzero_client/openpi_client.py) against
+"""Our own clients (clients/dreamzero-client/dreamzero_client/http_client.py, .../openpi_client.py) against
 the live graph on a real Ray cluster.
 
 A DROID episode of several chunks with a session reset, retries observed against injected 503s (a loopback proxy in
@@ -18,7 +18,8 @@ from dreamzero_client.errors import AuthenticationError, BadRequestError
 from dreamzero_client.http_client import ActionClient
 from dreamzero_client.openpi_client import OpenPIClient
 from tests.cluster.conftest import API_KEY
-from tests.graph.helpers import droid_raw_observation, openpi_droid_observation
+from tests.graph.helpers import droid_raw_observation
+from tests.support.observations import openpi_droid_observation
 
 pytestmark = pytest.mark.cluster
 

@@ -18,15 +18,11 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
+from deployments.requests import openpi as openpi_frames
 from dreamzero_client.wire import codec, generations, openpi
 from tests.cluster.conftest import API_KEY, AUTH, TENANT_KEYS
-from tests.graph.helpers import (
-    decode,
-    droid_raw_observation,
-    normalised_body,
-    normalised_observation,
-    openpi_droid_observation,
-)
+from tests.graph.helpers import decode, droid_raw_observation, normalised_body, normalised_observation
+from tests.support.observations import openpi_droid_observation
 
 pytestmark = pytest.mark.cluster
 
@@ -403,7 +399,7 @@ def test_malformed_frame(front_door, name, frame, code, field):
         if field is not None:
             assert err["field"] == field, (name, err)
         ws.send(mp({"endpoint": "reset", "session_id": "after-error"}))
-        assert decode(ws.recv(timeout=60)) == openpi.OPENPI_RESET_REPLY
+        assert decode(ws.recv(timeout=60)) == openpi_frames.OPENPI_RESET_REPLY
 
 
 def test_websocket_still_infers_after_the_corpus(front_door, http):

@@ -71,7 +71,7 @@ def two_nodes(tmp_path_factory):
     work = tmp_path_factory.mktemp("node-loss")
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "clients")]),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "clients" / "dreamzero-client")]),
         "DREAMZERO_CACHE_DIR": str(work / "cache"),
     }
     head = (4, {"head": 1, "policy_slot": 2}, FAST_NODE_DEATH_ENV)
@@ -82,7 +82,11 @@ def two_nodes(tmp_path_factory):
 def test_losing_the_node_of_a_policy_replica_restarts_only_its_sessions_flagged(two_nodes):
     address, head_dir, lost_dir, work = two_nodes
     out = work / "driver.json"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'clients'}"}
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'clients' / 'dreamzero-client'}",
+    }
     cmd = [sys.executable, "-m", "tests.cluster.test_node_loss", address, head_dir, lost_dir, str(out)]
     done = subprocess.run(cmd, cwd=REPO, env=env, timeout=DRIVER_TIMEOUT_S, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -15,6 +15,7 @@ import pytest
 import websockets
 
 from tests.cluster.conftest import API_KEY
+from tests.support.observations import openpi_droid_observation
 
 pytestmark = pytest.mark.cluster
 
@@ -44,16 +45,8 @@ def unpack(data: bytes):
 
 
 def droid_frame(t: int | None = None, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    shape = (180, 320, 3) if t is None else (t, 180, 320, 3)
-    return {
-        "observation/exterior_image_0_left": rng.integers(0, 256, shape, dtype=np.uint8),
-        "observation/exterior_image_1_left": rng.integers(0, 256, shape, dtype=np.uint8),
-        "observation/wrist_image_left": rng.integers(0, 256, shape, dtype=np.uint8),
-        "observation/joint_position": rng.uniform(-1, 1, 7),
-        "observation/gripper_position": np.array([0.2]),
-        "observation/cartesian_position": np.zeros(6),
-    }
+    """A DROID frame's observation alone (no prompt, no session id: each test adds its own)."""
+    return openpi_droid_observation(seed, prompt=None, frames=t, gripper=0.2, cartesian=True)
 
 
 def ws_url(base: str, path: str = WS_PATH) -> str:

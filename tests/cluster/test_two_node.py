@@ -77,7 +77,7 @@ def two_nodes(tmp_path_factory):
     (hook_dir / "sitecustomize.py").write_text(AUDIT_HOOK)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(hook_dir), str(REPO), str(REPO / "clients")]),
+        "PYTHONPATH": os.pathsep.join([str(hook_dir), str(REPO), str(REPO / "clients" / "dreamzero-client")]),
         "DZ_AUDIT_ROOT": str(work / "ckpt"),
         "DZ_AUDIT_DIR": str(audit),
         "DREAMZERO_CACHE_DIR": str(work / "cache"),
@@ -91,7 +91,11 @@ def two_nodes(tmp_path_factory):
 def test_policy_on_the_second_node_and_the_head_never_opens_the_checkpoint(two_nodes):
     address, checkpoint, audit = two_nodes
     out = audit.parent / "driver.json"
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'clients'}"}
+    env = {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'clients' / 'dreamzero-client'}",
+    }
     env.pop("DZ_AUDIT_ROOT", None)
     cmd = [sys.executable, "-m", "tests.cluster.test_two_node", address, str(checkpoint), str(out)]
     done = subprocess.run(cmd, cwd=REPO, env=env, timeout=DRIVER_TIMEOUT_S, capture_output=True, text=True)

@@ -97,8 +97,8 @@ def slice_checkpoints(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_the_5b_slice_serves_a_chunk_with_every_placement_the_plans_choose(table, slice_checkpoints, monkeypatch):
+    from deployments.config.settings import PolicySettings
     from deployments.policy import PolicyDeployment
-    from deployments.settings import PolicySettings
     from dreamzero.pipeline.budget import warmup_batch, warmup_canvas_hw
 
     placements = _placements(table, "RLinf 5B LIBERO")

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from dreamzero_client.links import OpenPILink
-from dreamzero_client.policy import DroidPolicy
+from dreamzero_droid.links import OpenPILink
+from dreamzero_droid.policy import DroidPolicy
 from eval.cli import main
 from eval.mujoco_droid import MujocoDroidEnv
 from eval.runner import EvalConfig, run_evaluation

@@ -111,8 +111,8 @@ def _steps(episode_dir: Path) -> list[dict]:
 
 
 def test_two_episodes_through_the_cli_with_a_session_reset_between(franky_sim, tmp_path, capsys):
-    from dreamzero_client.franka.cli import main
-    from dreamzero_client.franka.safety import SafetyConfig
+    from dreamzero_franka.cli import main
+    from dreamzero_franka.droid.safety import SafetyConfig
 
     with FakeOpenPIServer() as server:
         code = main(
@@ -168,13 +168,14 @@ def test_two_episodes_through_the_cli_with_a_session_reset_between(franky_sim, t
 
 
 def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
-    from dreamzero_client.droid import CAMERAS
-    from dreamzero_client.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
-    from dreamzero_client.franka.kinematics import tcp_position
-    from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
-    from dreamzero_client.franka.sim_backends import SyntheticCamera
-    from dreamzero_client.links import OpenPILink
-    from dreamzero_client.policy import DroidPolicy
+    from dreamzero_droid.droid import CAMERAS
+    from dreamzero_droid.links import OpenPILink
+    from dreamzero_droid.policy import DroidPolicy
+    from dreamzero_franka.common.kinematics import tcp_position
+    from dreamzero_franka.common.loop import LoopConfig
+    from dreamzero_franka.common.sim_backends import SyntheticCamera
+    from dreamzero_franka.droid.loop import DroidEpisodeRunner
+    from dreamzero_franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
 
     config = FrankyConfig(franky_sim, realtime=False)
     cameras = {name: SyntheticCamera(name) for name in CAMERAS}
@@ -183,7 +184,7 @@ def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
         with FrankyRobot(config) as robot, FrankyGripper(config) as gripper:
             for cam in cameras.values():
                 cam.connect()
-            runner = EpisodeRunner(
+            runner = DroidEpisodeRunner(
                 robot, gripper, cameras, DroidPolicy(link, "stack the blocks", session_prefix="franka"),
                 config=LoopConfig(max_steps=60, log_dir=str(tmp_path), record_video=False,
                                   gripper_timeout_s=SIM_GRIPPER_TIMEOUT_S),
@@ -203,7 +204,7 @@ def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
             after = robot.observe()
 
             # the backend itself refuses targets outside the hardware limits or non-finite ones
-            from dreamzero_client.franka.contracts import RobotFault
+            from dreamzero_franka.common.contracts import RobotFault
 
             for bad in (after.joint_positions + np.array([3.0, 0, 0, 0, 0, 0, 0]), np.full(7, np.nan)):
                 with pytest.raises(RobotFault):
@@ -278,12 +279,13 @@ def live_server(tmp_path_factory):
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 def test_two_episodes_against_the_live_server(franky_sim, live_server, tmp_path):
-    from dreamzero_client.droid import CAMERAS
-    from dreamzero_client.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
-    from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
-    from dreamzero_client.franka.sim_backends import SyntheticCamera
-    from dreamzero_client.links import OpenPILink
-    from dreamzero_client.policy import DroidPolicy
+    from dreamzero_droid.droid import CAMERAS
+    from dreamzero_droid.links import OpenPILink
+    from dreamzero_droid.policy import DroidPolicy
+    from dreamzero_franka.common.loop import LoopConfig
+    from dreamzero_franka.common.sim_backends import SyntheticCamera
+    from dreamzero_franka.droid.loop import DroidEpisodeRunner
+    from dreamzero_franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
 
     config = FrankyConfig(franky_sim, realtime=False)
     cameras = {name: SyntheticCamera(name) for name in CAMERAS}
@@ -293,7 +295,7 @@ def test_two_episodes_against_the_live_server(franky_sim, live_server, tmp_path)
         with FrankyRobot(config) as robot, FrankyGripper(config) as gripper:
             for cam in cameras.values():
                 cam.connect()
-            runner = EpisodeRunner(
+            runner = DroidEpisodeRunner(
                 robot, gripper, cameras, DroidPolicy(link, "put the cube in the bowl", session_prefix="franka"),
                 config=LoopConfig(max_steps=16, log_dir=str(tmp_path), record_video=False, chunk_wait_s=120.0,
                                   gripper_timeout_s=SIM_GRIPPER_TIMEOUT_S),
@@ -325,7 +327,7 @@ def test_two_episodes_against_the_live_server(franky_sim, live_server, tmp_path)
 @pytest.mark.timeout(900)
 def test_http_transport_against_the_live_server(live_server, tmp_path):
     """The same loop over `POST /v1/actions/generations` (raw form), on the simulated arm."""
-    from dreamzero_client.franka.cli import main
+    from dreamzero_franka.cli import main
 
     http_url = live_server.split("/v1/")[0].replace("ws://", "http://")
     code = main(

@@ -48,7 +48,7 @@ def _pose_flags() -> list[str]:
 
 def _check_episodes(log_dir: Path, episodes: int) -> list[str]:
     poses = task_poses()
-    from dreamzero_client.franka.pnp.safety import PnpSafetyConfig
+    from dreamzero_franka.pnp.safety import PnpSafetyConfig
 
     cfg = PnpSafetyConfig()
     summaries = json.loads((log_dir / "session_summary.json").read_text())
@@ -77,7 +77,7 @@ def _check_episodes(log_dir: Path, episodes: int) -> list[str]:
 
 
 def test_franka_pnp_episodes_on_franky_sim_over_openpi(franky_sim, pnp_server, tmp_path):  # noqa: F811
-    from dreamzero_client.franka.cli import main
+    from dreamzero_franka.cli import main
 
     ws_url = pnp_server.url.replace("http://", "ws://") + "/v1/realtime/robot/openpi"
     code = main(
@@ -91,7 +91,7 @@ def test_franka_pnp_episodes_on_franky_sim_over_openpi(franky_sim, pnp_server, t
 
 
 def test_franka_pnp_over_http_chosen_by_the_metadata(pnp_server, tmp_path):
-    from dreamzero_client.franka.cli import main
+    from dreamzero_franka.cli import main
 
     code = main(
         ["--server", pnp_server.url, "--prompt", "put the red block in the bin", "--robot", "sim", "--cameras",

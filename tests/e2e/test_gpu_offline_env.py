@@ -28,6 +28,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
+CLIENT_DIRS = [str(ROOT / "clients" / d) for d in ("dreamzero-client", "dreamzero-droid", "dreamzero-franka")]
 # the GPU machine's own packages, at .venv's versions, with what they require (huggingface-hub among them) ...
 BOX = (
     "safetensors",
@@ -122,7 +123,7 @@ def test_gpu_machine_environment_from_the_wheel_folder_alone(tmp_path):
     assert "fallback wheel is left out" in first.stderr, first.stderr  # .venv's huggingface-hub meets diffusers
     assert first.stdout == again.stdout and len(first.stdout.splitlines()) == 1, first.stdout
     key, _, pythonpath = first.stdout.strip().partition("=")
-    assert key == "PYTHONPATH" and pythonpath.split(":") == [str(site), str(ROOT), str(ROOT / "clients")]
+    assert key == "PYTHONPATH" and pythonpath.split(":") == [str(site), str(ROOT), *CLIENT_DIRS]
     env = _env(PYTHONPATH=pythonpath)
 
     chunk = _run([box, "-c", CHUNK, site], cwd=tmp_path, env=env)

@@ -10,6 +10,7 @@ fails its stage: tests/unit/test_gpu_check_stages.py.)
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,17 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(REHEARSAL_B
 sys.path.insert(0, str(ROOT / "scripts"))
 from gpu_check import stop_group  # noqa: E402
 from gpu_docs import read_results  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kept_checkpoints(tmp_path_factory):
+    """One folder for the slice checkpoints of every rehearsal in this module: each slice is written once (~20 s and
+    2 GB), not once per tier process (tests/gpu/test_gpu_tier.py: `_kept`)."""
+    folder = tmp_path_factory.mktemp("slices")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GPU_CHECK_CHECKPOINTS", str(folder))
+        yield folder
+    shutil.rmtree(folder, ignore_errors=True)  # ~5 GB
 
 
 def rehearse(logs: Path, *args: str, timeout_s: float = REHEARSAL_BUDGET_S + 180) -> tuple[int, str, str]:

@@ -1,7 +1,7 @@
-"""The light client package alone: a fresh virtualenv with only `./clients` installed (numpy, msgpack, httpx,
-websockets from the package index) talks to `serve run serve_config.yaml` over HTTP (both forms' client) and the
-OpenPI WebSocket, and never imports torch or Ray.
-"""
+"""The robot's client alone: a fresh virtualenv where `pip install ./clients/dreamzero-client` (from the package index)
+brings numpy, msgpack and websockets and nothing else; the robot client's tests pass there, copied out of the repo so
+that no server package is importable; and the client talks to `serve run serve_config.yaml` over HTTP (the `http`
+extra) and the OpenPI WebSocket without importing torch or Ray. One virtualenv serves the module."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import textwrap
 import pytest
 
 from tests.e2e.serve_process import ROOT, ServeRun
+from tests.graph.test_robot_client import DEPENDENCIES, ROBOT_CLIENT_TESTS, TEST_LIBRARIES, client_test_closure
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+PIP_TIMEOUT_S = 900
 
 CLIENT_SCRIPT = textwrap.dedent(
     """
@@ -58,19 +60,68 @@ CLIENT_SCRIPT = textwrap.dedent(
 )
 
 
-def test_fresh_venv_with_only_the_client_package_talks_to_serve_run(tmp_path):
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    python = venv / "bin" / "python"
+def _pip(python, *args):
+    done = subprocess.run([str(python), "-m", "pip", *args], capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def _installed(python) -> set[str]:
+    lines = _pip(python, "list", "--format=freeze").splitlines()
+    return {line.split("==")[0].lower().replace("_", "-") for line in lines if "==" in line}
+
+
+@pytest.fixture(scope="module")
+def client_venv(tmp_path_factory):
+    """(the venv's python, what `pip install ./clients/dreamzero-client` alone added); then the `http` extra and the
+    test-only libraries are installed beside it, for the tests and the live check."""
+    work = tmp_path_factory.mktemp("robot-client")
+    subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True, timeout=300)
+    python = work / "venv" / "bin" / "python"
     source = shutil.copytree(
-        ROOT / "clients", tmp_path / "clients", ignore=shutil.ignore_patterns("build", "*.egg-info")
+        ROOT / "clients" / "dreamzero-client",
+        work / "dreamzero-client",
+        ignore=shutil.ignore_patterns("build", "*.egg-info"),
     )
-    install = subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", str(source)], capture_output=True, text=True, timeout=900
+    before = _installed(python)
+    _pip(python, "install", "-q", str(source))
+    alone = _installed(python) - before
+    _pip(python, "install", "-q", f"{source}[http]", *TEST_LIBRARIES)
+    return python, alone
+
+
+def test_the_robot_client_alone_installs_numpy_msgpack_and_websockets(client_venv):
+    _, alone = client_venv
+    assert alone == {"dreamzero-client"} | DEPENDENCIES
+
+
+def test_the_robot_clients_tests_pass_with_that_package_alone(client_venv, tmp_path):
+    python, _ = client_venv
+    bad, files = client_test_closure(ROBOT_CLIENT_TESTS)
+    assert bad == []
+    for path in files:  # the tests and their helpers, and nothing else of the repository
+        target = tmp_path / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    (tmp_path / "pytest.ini").write_text("[pytest]\ntimeout = 300\n")
+    code = (
+        "import importlib.util as u; print([m for m in ('torch', 'ray', 'dreamzero', 'deployments') if u.find_spec(m)])"
     )
-    assert install.returncode == 0, install.stderr[-3000:]
-    listed = subprocess.run([str(python), "-m", "pip", "list"], capture_output=True, text=True, timeout=120).stdout
-    assert "torch" not in listed and "ray" not in listed.split(), listed
+    found = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert found.stdout.strip() == "[]", found.stdout + found.stderr
+    run = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *ROBOT_CLIENT_TESTS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout and "error" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
+
+
+def test_the_client_talks_to_serve_run_without_torch_or_ray(client_venv, tmp_path):
+    python, _ = client_venv
     with ServeRun(tmp_path) as server:
         run = subprocess.run(
             [str(python), "-c", CLIENT_SCRIPT, server.url], capture_output=True, text=True, timeout=900, cwd=tmp_path

@@ -18,8 +18,9 @@ from websockets.sync.client import connect as ws_connect
 
 from dreamzero_client.openpi_client import OpenPIClient
 from tests.e2e.serve_process import ServeRun
-from tests.graph.helpers import decode, openpi_droid_observation, raw_body
+from tests.graph.helpers import decode, raw_body
 from tests.host_support import pids_using
+from tests.support.observations import openpi_droid_observation
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -17,15 +17,17 @@ import numpy as np
 import pytest
 import zmq
 
+from dreamzero.zmq_keys_cli import make_key_pair
 from dreamzero_client.errors import SecureChannelError, ServerUnavailableError
 from dreamzero_client.http_client import ActionClient
 from dreamzero_client.openpi_client import OpenPIClient
 from dreamzero_client.zmq_client import ZmqPolicyClient
-from dreamzero_client.zmq_keys import make_key_pair, read_secret_key
+from dreamzero_client.zmq_keys import read_secret_key
 from tests.e2e.serve_process import ServeRun
-from tests.graph.helpers import droid_raw_observation, openpi_droid_observation
+from tests.graph.helpers import droid_raw_observation
 from tests.host_support import free_port
 from tests.rldx_support import RldxShapedClient, droid_rldx_observation
+from tests.support.observations import openpi_droid_observation
 from tests.tls_support import make_pki
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -18,10 +18,11 @@ import yaml
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
+from deployments.requests import openpi as openpi_frames
 from dreamzero_client.openpi_client import OpenPIClient
 from dreamzero_client.wire import openpi
 from tests.e2e.serve_process import ROOT, ServeRun
-from tests.graph.helpers import openpi_droid_observation
+from tests.support.observations import openpi_droid_observation
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -64,7 +65,7 @@ def test_a_websocket_session_outlives_the_proxy_timeout_and_a_reconnect(tmp_path
         control = threading.Thread(target=_reference_client, args=(url, stop, ref), daemon=True)
         control.start()
         with OpenPIClient(url, timeout_s=CALL_TIMEOUT_S, resume=True, max_reconnects=2) as client:
-            assert set(openpi.HANDSHAKE_KEYS) <= set(client.get_server_metadata())
+            assert set(openpi_frames.HANDSHAKE_KEYS) <= set(client.get_server_metadata())
             reports, t0 = [], time.monotonic()
             while time.monotonic() - t0 < STEP_FOR_S:
                 reports.append(client.infer(openpi_droid_observation(len(reports), "arm"))["session"])

@@ -165,27 +165,51 @@ def _write_metadata(folder: Path, tag: str, name: str) -> None:
     (folder / name).write_text(json.dumps({tag: read_metadata_file(None)[tag]}))
 
 
+def _kept(tmp_path_factory, name: str, write) -> Path:
+    """`write(folder)`'s checkpoint path, written once per `$GPU_CHECK_CHECKPOINTS` when that is set (the rehearsal
+    runs the tier in several processes, tests/e2e/test_gpu_rehearsal.py: each would write the same 2 GB again; the
+    slices are seeded, so a kept one is the one this process would write), else into this session's temp dir."""
+    kept = os.environ.get("GPU_CHECK_CHECKPOINTS")
+    if not kept:
+        return write(tmp_path_factory.mktemp(name))
+    folder, done = Path(kept) / name, Path(kept) / f"{name}.done"  # `done` names the path, once it is all written
+    if not done.is_file():
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)  # what a run cut short left
+        folder.mkdir(parents=True)
+        done.write_text(str(write(folder)))
+    return Path(done.read_text())
+
+
 @pytest.fixture(scope="session")
 def droid_checkpoint(tmp_path_factory) -> Path:
     """`droid_14b_slice` in the release HF layout (config.json, safetensors, tokenizer/, experiment_cfg/metadata.json):
     2.2 GB, ~20 s to build and write."""
     from dreamzero.checkpoint import save_model
 
-    path = save_model(_slice_model("droid_14b_slice"), tmp_path_factory.mktemp("droid_14b_slice") / "ckpt")
-    _write_metadata(path, "oxe_droid", "experiment_cfg/metadata.json")
-    gc.collect()
-    return path
+    def write(folder: Path) -> Path:
+        path = save_model(_slice_model("droid_14b_slice"), folder / "ckpt")
+        _write_metadata(path, "oxe_droid", "experiment_cfg/metadata.json")
+        gc.collect()
+        return path
+
+    return _kept(tmp_path_factory, "droid_14b_slice", write)
 
 
 @pytest.fixture(scope="session")
 def libero_checkpoint(tmp_path_factory) -> Path:
     """`libero_5b_slice` as RLinf's `full_weights.pt`, with config.json, tokenizer/ and metadata.json beside it (no
     preset needed: serve_graph/model_source.py reads the config.json beside the file): 2.5 GB, ~25 s."""
+    return _kept(tmp_path_factory, "libero_5b_slice", _write_libero)
+
+
+def _write_libero(folder: Path) -> Path:
     from dreamzero.checkpoint import save_full_weights
     from dreamzero.config import to_checkpoint_config
 
     model = _slice_model("libero_5b_slice")
-    file = save_full_weights(model, tmp_path_factory.mktemp("libero_5b_slice") / "full_weights.pt")
+    file = save_full_weights(model, folder / "full_weights.pt")
     (file.parent / "config.json").write_text(json.dumps(to_checkpoint_config(model.config), indent=2) + "\n")
     model.text_encoder.tokenizer.save_pretrained(str(file.parent / "tokenizer"))
     _write_metadata(file.parent, "libero_sim", "metadata.json")
@@ -657,7 +681,8 @@ def test_serve_run_14b_on_one_gpu_starts_as_the_readme_says(request, tmp_path):
     import httpx
 
     from tests.e2e.serve_process import ServeRun
-    from tests.graph.helpers import openpi_droid_observation, raw_body
+    from tests.graph.helpers import raw_body
+    from tests.support.observations import openpi_droid_observation
 
     model = (os.environ.get("DREAMZERO_GPU_CHECK_MODEL") if ON_CUDA else None) or str(
         request.getfixturevalue("droid_checkpoint")

@@ -1,4 +1,5 @@
-"""A serving graph in Ray Serve's local testing mode (in-process, no HTTP, no routers) with the embedded tiny model."""
+"""A serving graph in Ray Serve's local testing mode (in-process, no routers) with the embedded tiny model, reached over
+its HTTP door in-process."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ GRAPH_ARGS = {
 
 @pytest.fixture(scope="module")
 def graph():
-    from ray import serve
+    """An HTTP client of the graph (tests.graph.helpers.served_over_http)."""
+    from tests.graph.helpers import served_over_http
 
-    from serve_graph.builder import build_app
-
-    return serve.run(build_app(GRAPH_ARGS), name="graph-test", _local_testing_mode=True)
+    with served_over_http(GRAPH_ARGS, "graph-test") as client:
+        yield client

@@ -1,8 +1,11 @@
-"""Request builders shared by the graph, cluster and e2e tests (DROID raw form, RLinf normalised form)."""
+"""Request builders shared by the graph, cluster and e2e tests (DROID raw form, RLinf normalised form; the OpenPI
+frame is tests/support/observations.py's)."""
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
@@ -18,21 +21,6 @@ def droid_raw_observation(b: int = 1, t: int = 1, seed: int = 0) -> dict[str, np
     obs["state.joint_position"] = rng.uniform(-1, 1, (b, 7)).astype(np.float32)
     obs["state.gripper_position"] = rng.uniform(0, 1, (b, 1)).astype(np.float32)
     return obs
-
-
-def openpi_droid_observation(seed: int, session_id: str, prompt: str = "pick up the cup") -> dict:
-    """One OpenPI DROID frame as an openpi client sends it (flat `observation/...` keys, one unbatched step)."""
-    rng = np.random.default_rng(seed)
-    img = lambda: rng.integers(0, 256, (180, 320, 3), dtype=np.uint8)  # noqa: E731
-    return {
-        "observation/exterior_image_0_left": img(),
-        "observation/exterior_image_1_left": img(),
-        "observation/wrist_image_left": img(),
-        "observation/joint_position": rng.uniform(-1, 1, 7).astype(np.float32),
-        "observation/gripper_position": np.array([0.0], np.float32),
-        "prompt": prompt,
-        "session_id": session_id,
-    }
 
 
 def normalised_observation(b: int = 2, t: int = 1, hw: tuple[int, int] = (64, 128), seed: int = 0) -> dict:
@@ -93,3 +81,36 @@ class LocalHandle:
             return await out if inspect.isawaitable(out) else out
 
         return SimpleNamespace(remote=call)
+
+
+GENERATIONS = "/v1/actions/generations"
+
+
+@contextmanager
+def served_over_http(args: dict, name: str) -> Iterator:
+    """`build_app(args)` in Serve's local testing mode behind the Ingress's own ASGI app (Starlette's TestClient):
+    requests take the HTTP door's real routes, key check and error handlers, and the deployments' real Serve handles.
+    Local testing mode has no HTTP proxy, so the Ingress is built here over the handles of the deployments the
+    application binds it to (read from the bound application: Ray has no public accessor for them)."""
+    from ray import serve
+    from starlette.testclient import TestClient
+
+    from deployments.ingress import IngressDeployment
+    from serve_graph.builder import build_app
+
+    bound = build_app(args)._bound_deployment
+    *stages, settings = bound.init_args
+    handles = [
+        serve.run(stage, name=f"{name}-{i}", route_prefix=None, _local_testing_mode=True)
+        for i, stage in enumerate(stages)
+    ]
+    ingress = IngressDeployment(*handles, settings)
+    with TestClient(ingress.__serve_build_asgi_app__(), raise_server_exceptions=False) as client:
+        yield client
+
+
+def post_generation(client, body: bytes, ctype: str) -> tuple[int, str, dict]:
+    """(status, reply content type, decoded reply) of one `POST /v1/actions/generations`."""
+    resp = client.post(GENERATIONS, content=body, headers={"content-type": ctype})
+    reply_type = resp.headers["content-type"]
+    return resp.status_code, reply_type, decode(resp.content, codec.JSON if "json" in reply_type else codec.OPENPI)

@@ -8,10 +8,9 @@ import pytest
 
 from dreamzero_client.wire import codec
 from tests.graph.conftest import GRAPH_ARGS
-from tests.graph.helpers import content_type, decode, raw_body
+from tests.graph.helpers import content_type, post_generation, raw_body, served_over_http
 from tests.unit.checkpoint_fixtures import write_tiny_layouts
 
-TIMEOUT_S = 180
 PRESET = {"hf": None, "full_weights": "tiny", "diffusers": None}
 
 
@@ -22,20 +21,14 @@ def layouts(tmp_path_factory):
 
 @pytest.mark.slow
 def test_each_layout_serves_the_same_actions(layouts):
-    from ray import serve
-
-    from serve_graph.builder import build_app
-
     actions = {}
     for layout, path in layouts.items():
         args = {**GRAPH_ARGS, "model_path": str(path), "checkpoint_config": PRESET[layout]}
-        graph = serve.run(build_app(args), name=f"layout-{layout}", _local_testing_mode=True)
-        payload, _ = graph.generate.remote(raw_body(["s-0"], seed=7), content_type(codec.OPENPI)).result(
-            timeout_s=TIMEOUT_S
-        )
-        resp = decode(payload, codec.OPENPI)
-        actions[layout] = np.asarray(resp["data"][0]["action"]["values"], np.float32)
-        assert actions[layout].shape == (1, 24, 8), layout
-        assert graph.metadata.remote().result(timeout_s=TIMEOUT_S)["config"] == "tiny"
+        with served_over_http(args, f"layout-{layout}") as graph:
+            status, _, resp = post_generation(graph, raw_body(["s-0"], seed=7), content_type(codec.OPENPI))
+            assert status == 200, resp
+            actions[layout] = np.asarray(resp["data"][0]["action"]["values"], np.float32)
+            assert actions[layout].shape == (1, 24, 8), layout
+            assert graph.get("/v1/actions/metadata").json()["config"] == "tiny"
     np.testing.assert_allclose(actions["full_weights"], actions["hf"], rtol=0, atol=1e-5)
     np.testing.assert_allclose(actions["diffusers"], actions["hf"], rtol=0, atol=1e-5)

@@ -27,7 +27,7 @@ def stale_references(root: Path) -> list[str]:
         text = path.read_text()
         for match in PATH.finditer(text):
             named = match.group(1).rstrip(".")
-            if not ((root / named).exists() or (root / "clients" / named).exists()):
+            if not ((root / named).exists() or any((d / named).exists() for d in (root / "clients").glob("*/"))):
                 found.append(f"{rel}:{text[: match.start()].count(chr(10)) + 1}: {named}")
     return found
 

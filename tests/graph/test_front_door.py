@@ -18,12 +18,14 @@ from deployments.ingress import IngressDeployment
 from deployments.policy import PolicyOutput
 from deployments.postprocess import PostprocessDeployment
 from deployments.preprocess import PreprocessDeployment
+from deployments.requests import openpi as openpi_frames
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 from dreamzero_client.wire import codec, openpi
 from serve_graph.builder import ingress_settings
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
-from tests.graph.helpers import LocalHandle, decode, normalised_body, openpi_droid_observation
+from tests.graph.helpers import LocalHandle, decode, normalised_body
+from tests.support.observations import openpi_droid_observation
 
 KEY = "front-door-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -74,7 +76,13 @@ def door(monkeypatch):
     cfg = parse_app_args({"api_key": KEY, "http": {"max_body_bytes": 1024 * 1024}})
     ingress = IngressDeployment(*handles, ingress_settings(cfg, resolve_model(cfg)))
     counted: list[tuple[int, str]] = []
-    monkeypatch.setattr(ingress.http, "count_request", lambda status, form: counted.append((status, form)))
+    real_count = ingress.http.count
+
+    def counted_call(tenant, status, code=None, **kw):  # the door's one count: note (status, form), then count
+        counted.append((status, kw["form"]))
+        real_count(tenant, status, code, **kw)
+
+    monkeypatch.setattr(ingress.http, "count", counted_call)
     with TestClient(ingress.__serve_build_asgi_app__(), raise_server_exceptions=False) as client:
         yield SimpleNamespace(client=client, policy=policy, ingress=ingress, counted=counted)
 
@@ -155,7 +163,7 @@ def test_websocket_sends_the_last_step_and_incarnation_of_its_session(door):
         assert (second.expected_steps, second.expected_incarnations) == ([1], [inc])
         assert (third.expected_steps, third.expected_incarnations) == ([2], [inc])
         ws.send_bytes(openpi.pack_frame({"endpoint": "reset"}))
-        assert openpi.unpack_frame(ws.receive_bytes())[0] == openpi.OPENPI_RESET_REPLY
+        assert openpi.unpack_frame(ws.receive_bytes())[0] == openpi_frames.OPENPI_RESET_REPLY
         ws.send_bytes(openpi.pack_frame({"session_id": "ep", "prompt": "x"}))  # no observation: an error frame
         err = openpi.unpack_frame(ws.receive_bytes())[0]
         assert err["type"] == "error" and err["status"] == 422 and err["field"].startswith("observation/")

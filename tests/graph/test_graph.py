@@ -5,21 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deployments.error_replies import classify
 from dreamzero_client.wire import codec
-from tests.graph.helpers import content_type, decode, normalised_body, raw_body
-
-TIMEOUT_S = 120
+from tests.graph.helpers import content_type, decode, normalised_body, post_generation, raw_body
 
 
 def call(graph, body: bytes, flavour: str = codec.OPENPI, ctype: str | None = None):
-    """(status, content type, decoded reply); errors mapped by the table, as the HTTP app's handlers map them."""
-    try:
-        payload, reply_type = graph.generate.remote(body, ctype or content_type(flavour)).result(timeout_s=TIMEOUT_S)
-    except Exception as exc:  # noqa: BLE001 - the ingress raises; the table decides the reply
-        reply = classify(exc)
-        return reply.status, None, reply.body()
-    return 200, reply_type, decode(payload, flavour)
+    """(status, content type, decoded reply) of one generation over the HTTP door."""
+    return post_generation(graph, body, ctype or content_type(flavour))
 
 
 def test_raw_form_returns_robot_actions(graph):
@@ -112,11 +104,21 @@ def test_wrong_observation_shape_names_the_field(graph):
 
 
 def test_health_and_metadata(graph):
-    assert graph.health.remote().result(timeout_s=TIMEOUT_S)["status"] == "ok"
-    meta = graph.metadata.remote().result(timeout_s=TIMEOUT_S)
+    assert graph.get("/health").json()["status"] == "ok"
+    meta = graph.get("/v1/actions/metadata").json()
     assert meta["action_horizon"] == 24 and meta["action_dim"] == 8 and meta["padded_action_dim"] == 32
     assert meta["openpi"]["image_resolution"] == [180, 320] and meta["openpi"]["needs_session_id"] is True
-    models = graph.models.remote().result(timeout_s=TIMEOUT_S)["data"][0]
+    models = graph.get("/v1/models").json()["data"][0]
     # what the Policy replica settled at start: batching.max_batch_rows auto on a plain CPU is 32, capped by the
     # graph's sessions.max_sessions (8); no byte budget without device memory to fit
     assert (models["max_batch_rows"], models["session_budget_bytes"], models["device"]) == (8, None, None)
+
+
+def test_a_repeated_single_frame_restart_is_logged_once_per_session_at_the_server(graph, caplog):
+    """A loop that resends its first call's one frame restarts the session every call: the server says so once."""
+    with caplog.at_level("WARNING", logger="dreamzero.serve.graph"):
+        reasons = [call(graph, normalised_body(["one-frame"], t=1))[2]["sessions"][0]["restart_reason"]
+                   for _ in range(3)]  # fmt: skip
+    assert reasons == ["new_session", "single_frame", "single_frame"]
+    told = [r.getMessage() for r in caplog.records if "single_frame" in r.getMessage()]
+    assert len(told) == 1 and "one-frame" in told[0] and "frames since the last call" in told[0]

@@ -28,19 +28,23 @@ PACKAGES = {
     "benchmarks": ("benchmarks", "."),
     "scripts": ("scripts", "."),
     "dreamzero": ("dreamzero", "."),
-    "dreamzero_client": ("clients/dreamzero_client", "clients"),
+    "dreamzero_client": ("clients/dreamzero-client/dreamzero_client", "clients/dreamzero-client"),
+    "dreamzero_droid": ("clients/dreamzero-droid/dreamzero_droid", "clients/dreamzero-droid"),
+    "dreamzero_franka": ("clients/dreamzero-franka/dreamzero_franka", "clients/dreamzero-franka"),
 }
 
 #: which of our packages each package may import (top to bottom). `scripts` and `benchmarks` are run, never imported
-#: by a package (the GPU check runs the latency benchmark's docs writer); the client distribution installs alone on a
-#: robot, so it imports none of ours.
+#: by a package (the GPU check runs the latency benchmark's docs writer); the robot's client distribution installs
+#: alone on a robot, so it imports none of ours; the DROID runtime stands on it, the Franka app on both.
 ALLOWED = {
-    "scripts": {"benchmarks", "serve_graph", "deployments", "eval", "dreamzero", "dreamzero_client"},
-    "benchmarks": {"serve_graph", "deployments", "eval", "dreamzero", "dreamzero_client"},
+    "scripts": {"benchmarks", "serve_graph", "deployments", "eval", "dreamzero", "dreamzero_client", "dreamzero_droid"},
+    "benchmarks": {"serve_graph", "deployments", "eval", "dreamzero", "dreamzero_client", "dreamzero_droid"},
     "serve_graph": {"deployments", "dreamzero", "dreamzero_client"},
     "deployments": {"dreamzero", "dreamzero_client"},
-    "eval": {"dreamzero", "dreamzero_client"},
-    "dreamzero": {"dreamzero_client"},
+    "eval": {"dreamzero", "dreamzero_client", "dreamzero_droid"},
+    "dreamzero": {"dreamzero_client", "dreamzero_droid"},  # dreamzero_droid.lerobot: the one LeRobot reader and writer
+    "dreamzero_franka": {"dreamzero_droid", "dreamzero_client"},
+    "dreamzero_droid": {"dreamzero_client"},
     "dreamzero_client": set(),
 }
 
@@ -48,7 +52,6 @@ ALLOWED = {
 #: the client package"): never a request type or a parser; the server turns a wire request into a `ModelBatch`
 CORE_GROUND = {
     "dreamzero_client.errors",
-    "dreamzero_client.droid",
     "dreamzero_client.wire.openpi",
     "dreamzero_client.wire.replies",
 }
@@ -64,13 +67,15 @@ DEPLOYMENT_LAYERS = (
             "deployments.policy", "deployments.batcher", "deployments.batch_merge", "deployments.replay",
             "deployments.preprocess", "deployments.postprocess", "deployments.stages", "deployments.calls",
             "deployments.model_info", "deployments.cfg_rank", "deployments.live_tuning", "deployments.tenant_ledger",
+            "deployments.engine", "deployments.admission", "deployments.replica_report",
         ),
     ),
     (
         "shared",
         (
-            "deployments.settings", "deployments.sections", "deployments.error_replies", "deployments.metrics",
+            "deployments.config", "deployments.error_replies", "deployments.metrics",
             "deployments.routing", "deployments.auth", "deployments.tenants", "deployments.audit",
+            "deployments.requests",
         ),
     ),
 )  # fmt: skip
@@ -239,7 +244,18 @@ def test_no_package_imports_the_composition_root():
 
 def test_the_model_core_and_the_client_distribution_import_no_server_code():
     # the checker's table says so too; this names the two rules a robot install and the Ray-free core rely on
-    assert ALLOWED["dreamzero"] == {"dreamzero_client"} and ALLOWED["dreamzero_client"] == set()
+    assert ALLOWED["dreamzero"] == {"dreamzero_client", "dreamzero_droid"} and ALLOWED["dreamzero_client"] == set()
+    assert ALLOWED["dreamzero_droid"] == {"dreamzero_client"}
+    # of the DROID runtime, the core uses only the LeRobot module (training reads what the recorders write)
+    graph = tree_graph(ROOT)
+    core = {
+        d
+        for m, deps in graph.items()
+        if m.split(".")[0] == "dreamzero"
+        for d in deps
+        if d.startswith("dreamzero_droid")
+    }
+    assert core and all(d.startswith("dreamzero_droid.lerobot") for d in core), sorted(core)
 
 
 def test_a_planted_circle_or_upward_import_fails(tmp_path):
@@ -256,8 +272,8 @@ def test_a_planted_circle_or_upward_import_fails(tmp_path):
         finally:
             target.write_text(original)
 
-    circle = plant("deployments/settings.py", "from deployments.policy import PolicyDeployment")
-    assert any(p.startswith("import circle:") and "deployments.settings" in p for p in circle), circle
+    circle = plant("deployments/config/settings.py", "from deployments.policy import PolicyDeployment")
+    assert any(p.startswith("import circle:") and "deployments.config.settings" in p for p in circle), circle
     core_circle = plant("dreamzero/device.py", "from dreamzero.checkpoint.hf import read_weight_map")  # issue 31's
     assert len(core_circle) == 1 and core_circle[0].startswith("import circle: "), core_circle
     assert set(core_circle[0].removeprefix("import circle: ").split(" -> ")) == {
@@ -271,7 +287,7 @@ def test_a_planted_circle_or_upward_import_fails(tmp_path):
     ]
     upward = plant("dreamzero/types.py", "import serve_graph.config")
     assert any(p.startswith("dreamzero.types -> serve_graph.config") for p in upward), upward
-    ground = plant("clients/dreamzero_client/wire/codec.py", "from dreamzero import errors")
+    ground = plant("clients/dreamzero-client/dreamzero_client/wire/codec.py", "from dreamzero import errors")
     assert any(p.startswith("dreamzero_client.wire.codec -> dreamzero.errors") for p in ground), ground
     sideways = plant("deployments/doors/zmq.py", "from deployments.doors.http import HttpDoor")
     assert any("a door never imports another door" in p for p in sideways), sideways

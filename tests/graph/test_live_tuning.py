@@ -39,13 +39,13 @@ def test_reconfigure_sets_each_knob_and_an_absent_one_goes_back_to_args(policy):
             "pipeline": {"num_inference_steps": 3},
         }
     )
-    store, batcher = policy.pipeline.store, policy._batcher
+    store, batcher = policy.pipeline.store, policy.batcher
     assert (store.ttl_s, store.max_sessions) == (30, 4)
-    assert (batcher.max_batch_size, batcher.wait_s, policy.rows_per_request) == (2, 0.05, 3)
+    assert (batcher.max_batch_size, batcher.wait_s, policy.admission.rows_per_request) == (2, 0.05, 3)
     assert policy.pipeline.config.num_inference_steps == 3 and policy.tuning["pipeline"]["num_inference_steps"] == 3
     policy.reconfigure({"sessions": {"ttl_s": 60}})  # the whole live state: the rest is the args value again
     assert (store.ttl_s, store.max_sessions, batcher.max_batch_size) == (60, 16, 8)
-    assert policy.pipeline.config.num_inference_steps == 2 and policy.rows_per_request is None
+    assert policy.pipeline.config.num_inference_steps == 2 and policy.admission.rows_per_request is None
     policy.reconfigure({})
     assert policy.tuning_in_effect() == before
 

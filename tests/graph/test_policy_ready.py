@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-import deployments.policy as policy_module
+import deployments.replica_report as report_module
+from deployments.config.settings import PolicySettings
 from deployments.policy import PolicyDeployment
-from deployments.settings import PolicySettings
 from dreamzero.errors import NotReady
 from dreamzero.pipeline.budget import warmup_batch, warmup_canvas_hw
 
@@ -68,7 +68,7 @@ def test_ready_while_idle_and_while_a_call_runs_in_time(policy, monkeypatch):
 
 
 def test_a_stuck_model_call_makes_the_replica_unready_until_it_returns(policy, monkeypatch):
-    monkeypatch.setattr(policy_module, "STUCK_CALL_S", 0.2)
+    monkeypatch.setattr(report_module, "STUCK_CALL_S", 0.2)
     seen = []
 
     def ask():
@@ -85,7 +85,7 @@ def test_a_stuck_model_call_makes_the_replica_unready_until_it_returns(policy, m
 
 
 def test_a_replica_without_a_pipeline_is_not_ready(policy, monkeypatch):
-    monkeypatch.setattr(policy, "pipeline", None)
+    monkeypatch.setattr(policy.engine, "pipeline", None)
     with pytest.raises(NotReady, match="the model pipeline is not loaded"):
         policy.ready()
     with pytest.raises(RuntimeError, match="the model pipeline is not loaded"):

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 from starlette.websockets import WebSocketDisconnect
 
+from deployments.requests import openpi as openpi_frames
 from dreamzero_client.wire import openpi
-from tests.graph.helpers import openpi_droid_observation
 from tests.graph.test_front_door import KEY, door  # noqa: F401 - the in-process ingress fixture
+from tests.support.observations import openpi_droid_observation
 
 WS_HEADERS = {"Authorization": f"Api-Key {KEY}"}
 VLLM_PATH = "/v1/realtime/robot/openpi"
@@ -52,7 +53,7 @@ def test_the_handshake_builds_the_reference_dataclass_on_both_paths(door, path):
     with door.client.websocket_connect(path, headers=WS_HEADERS) as ws:
         handshake = _recv(ws)
     cfg = PolicyServerConfig(**handshake)  # an extra key would be a TypeError
-    assert set(handshake) == set(openpi.HANDSHAKE_KEYS)
+    assert set(handshake) == set(openpi_frames.HANDSHAKE_KEYS)
     assert (cfg.image_resolution, cfg.n_external_cameras, cfg.needs_wrist_camera) == ([180, 320], 2, True)
     assert (cfg.needs_stereo_camera, cfg.needs_session_id, cfg.action_space) == (False, True, "joint_position")
 
@@ -84,7 +85,7 @@ def test_vllm_omni_client_without_endpoint_gets_an_array_and_a_msgpack_reset(doo
 
 def test_the_dict_form_is_an_opt_in_by_query_or_by_message(door):  # noqa: F811
     with door.client.websocket_connect("/?response_format=dict", headers=WS_HEADERS) as ws:
-        assert set(_recv(ws)) == set(openpi.HANDSHAKE_KEYS)  # the query changes replies, not the handshake
+        assert set(_recv(ws)) == set(openpi_frames.HANDSHAKE_KEYS)  # the query changes replies, not the handshake
         ws.send_bytes(openpi.pack_frame(_obs("s")))
         reply = _recv(ws)
         assert reply["actions"].shape == (24, 8) and reply["session"]["step"] == 1 and "timings" in reply
@@ -99,7 +100,7 @@ def test_the_dict_form_is_an_opt_in_by_query_or_by_message(door):  # noqa: F811
 def test_the_extended_handshake_says_the_rest_and_a_resumed_connection_continues(door):  # noqa: F811
     with door.client.websocket_connect("/?handshake=extended", headers=WS_HEADERS) as ws:
         extended = _recv(ws)
-        assert {k: extended[k] for k in openpi.HANDSHAKE_KEYS} == openpi.handshake_config()
+        assert {k: extended[k] for k in openpi_frames.HANDSHAKE_KEYS} == openpi_frames.handshake_config()
         assert (extended["action_horizon"], extended["action_dim"], extended["embodiment"]) == (24, 8, "oxe_droid")
         assert extended["model"] == "dreamzero" and extended["response_formats"] == ["array", "dict"]
         token = extended["resume_token"]

@@ -12,15 +12,16 @@ from ray import exceptions as ray_exc
 from ray.serve import exceptions as serve_exc
 
 from deployments.batch_merge import merge_batches, plan_groups, split_result
+from deployments.config.sections import SessionArgs
+from deployments.config.settings import PolicySettings
 from deployments.doors.openpi_ws import WsSession, buffer_frames
 from deployments.error_replies import classify, reply_response, ws_error_frame
 from deployments.policy import PolicyDeployment
+from deployments.requests.openpi import OpenPIRequest
+from deployments.requests.rows import RowOptions
 from deployments.routing import ws_session_id
-from deployments.sections import SessionArgs
-from deployments.settings import PolicySettings
 from dreamzero import errors
 from dreamzero.types import ChunkResult, ModelBatch, SessionReport
-from dreamzero_client.wire import openpi
 from serve_graph.builder import build_app, policy_options
 from serve_graph.config import parse_app_args
 
@@ -59,7 +60,7 @@ def test_cpu_threads_grow_with_the_rows_of_a_call(monkeypatch):
     """One torch thread per `rows_per_thread` rows, at most `torch_threads`; set only when the count changes."""
     import torch
 
-    from deployments.policy import CpuThreads
+    from deployments.engine import CpuThreads
 
     calls = []
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
@@ -210,9 +211,9 @@ def test_policy_loads_a_checkpoint_whose_tokenizer_lives_elsewhere(tmp_path):
 
 
 def test_one_failing_group_fails_only_its_own_requests(monkeypatch):
-    import deployments.policy as policy_mod
+    import deployments.engine as engine_mod
 
-    monkeypatch.setattr(policy_mod, "load_pipeline", lambda **kw: _CountingPipeline())
+    monkeypatch.setattr(engine_mod, "load_pipeline", lambda **kw: _CountingPipeline())
     policy = PolicyDeployment()
     batches = [_batch(["a"]), _batch(["b"]), _batch(["boom"], t=4)]
     outcomes = asyncio.run(policy._generate_many(batches))
@@ -305,19 +306,21 @@ def test_batcher_session_starts_wait_for_company_so_clients_that_start_together_
 
 
 def test_policy_treats_unknown_and_reset_sessions_as_session_starts(monkeypatch):
-    import deployments.policy as policy_mod
+    import deployments.engine as engine_mod
+    from deployments.policy import starts_session
     from dreamzero.sessions import SessionState, SessionStore
 
     pipeline = _CountingPipeline()
     pipeline.store = SessionStore()
     pipeline.store.put(SessionState(session_id="live", prompt="p", negative_prompt=""))
-    monkeypatch.setattr(policy_mod, "load_pipeline", lambda **kw: pipeline)
+    monkeypatch.setattr(engine_mod, "load_pipeline", lambda **kw: pipeline)
     policy = PolicyDeployment()
-    assert policy._starts_session(_batch(["new"])) and policy._starts_session(_batch(["live", "new"]))
-    assert not policy._starts_session(_batch(["live"]))
+    starts = lambda batch: starts_session(policy.engine.store, batch)  # noqa: E731 - what the batcher asks
+    assert starts(_batch(["new"])) and starts(_batch(["live", "new"]))
+    assert not starts(_batch(["live"]))
     reset = _batch(["live"])
     reset.reset_mask = [True]
-    assert policy._starts_session(reset)
+    assert starts(reset)
 
 
 def test_batcher_failure_reaches_only_that_batch_and_the_worker_survives():
@@ -368,17 +371,17 @@ def test_ws_frame_buffer_first_call_one_frame_then_last_four():
 
 def test_ws_request_carries_rtc_options_and_prefers_the_clients_continuity_echo():
     from deployments.doors.openpi_ws import to_generation_request
-    from dreamzero_client.droid import OPENPI_DROID_KEY_MAP
+    from dreamzero_droid.droid import OPENPI_DROID_KEY_MAP
 
     s = WsSession("default", "ws-x:default")
     s.reset_next, s.last_step, s.last_incarnation = False, 4, "abc"
     obs = {k: np.zeros((180, 320, 3), np.uint8) for k in OPENPI_DROID_KEY_MAP if "image" in k}
     obs |= {"observation/joint_position": np.zeros(7, np.float32), "observation/gripper_position": np.zeros(1)}
-    base = {"prompt": "x", "observation": obs, "reply_as_dict": True, "endpoint": "infer", "session_id": "default"}
-    req = openpi.OpenPIRequest(**base, seed=None, rtc_prefix_len=2, action_prefix=np.zeros((2, 8)))
-    out = to_generation_request(req, s, OPENPI_DROID_KEY_MAP)
+    base = {"observation": obs, "reply_as_dict": True, "endpoint": "infer", "session_id": "default"}
+    rows = RowOptions(["x"], ["default"], [False], rtc_prefix_len=[2], action_prefix=[np.zeros((2, 8))])
+    out = to_generation_request(OpenPIRequest(**base, rows=rows), s, OPENPI_DROID_KEY_MAP).rows
     assert out.rtc_prefix_len == [2] and out.action_prefix[0].shape == (2, 8) and out.rtc_exec_horizon is None
     assert (out.expected_steps, out.expected_incarnations) == ([4], ["abc"])  # what the socket saw
-    echoed = openpi.OpenPIRequest(**base, seed=None, expected_step=9, expected_incarnation="def")
-    out = to_generation_request(echoed, s, OPENPI_DROID_KEY_MAP)
+    echoed = rows.replace(expected_steps=[9], expected_incarnations=["def"])
+    out = to_generation_request(OpenPIRequest(**base, rows=echoed), s, OPENPI_DROID_KEY_MAP).rows
     assert (out.expected_steps, out.expected_incarnations) == ([9], ["def"])  # the client's echo wins

@@ -8,9 +8,8 @@ import pytest
 
 from dreamzero_client.wire import codec
 from tests.graph.conftest import GRAPH_ARGS
-from tests.graph.helpers import decode, raw_body
+from tests.graph.helpers import post_generation, raw_body, served_over_http
 
-TIMEOUT_S = 120
 PLACEMENTS = {
     "front-door": {"preprocess": {"placement": "ingress"}, "postprocess": {"placement": "ingress"}},
     "replicas": {"preprocess": {"placement": "replicas"}, "postprocess": {"placement": "replicas"}},
@@ -19,19 +18,17 @@ PLACEMENTS = {
 
 @pytest.fixture(scope="module")
 def apps():
-    from ray import serve
-
-    from serve_graph.builder import build_app
-
-    return {
-        name: serve.run(build_app({**GRAPH_ARGS, **extra}), name=f"placement-{name}", _local_testing_mode=True)
-        for name, extra in PLACEMENTS.items()
-    }
+    with (
+        served_over_http({**GRAPH_ARGS, **PLACEMENTS["front-door"]}, "placement-front-door") as front,
+        served_over_http({**GRAPH_ARGS, **PLACEMENTS["replicas"]}, "placement-replicas") as replicas,
+    ):
+        yield {"front-door": front, "replicas": replicas}
 
 
 def generate(app, body: bytes):
-    payload, _ = app.generate.remote(body, codec.content_type_for(codec.OPENPI)).result(timeout_s=TIMEOUT_S)
-    return decode(payload)
+    status, _, reply = post_generation(app, body, codec.content_type_for(codec.OPENPI))
+    assert status == 200, reply
+    return reply
 
 
 def test_both_placements_give_the_same_actions_and_sessions(apps):
@@ -50,7 +47,6 @@ def test_both_placements_give_the_same_actions_and_sessions(apps):
 
 
 def test_a_bad_camera_is_the_same_named_error_in_both(apps):
-    from deployments.error_replies import classify
     from dreamzero_client.wire import generations
     from tests.graph.helpers import droid_raw_observation
 
@@ -58,7 +54,6 @@ def test_a_bad_camera_is_the_same_named_error_in_both(apps):
     obs["video.exterior_image_2_left"] = obs["video.exterior_image_2_left"][..., :2]  # two colour channels
     body = codec.encode_body(generations.build_request_body(obs, ["pick"], ["bad"]), codec.OPENPI)[0]
     for app in apps.values():
-        with pytest.raises(Exception) as info:  # the ingress raises; the table maps it
-            generate(app, body)
-        reply = classify(info.value)
-        assert reply.status == 422 and "video.exterior_image_2_left" in (reply.field or reply.message)
+        status, _, reply = post_generation(app, body, codec.content_type_for(codec.OPENPI))
+        err = reply["error"]
+        assert status == 422 and "video.exterior_image_2_left" in (err.get("field") or err["message"])

@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dreamzero_client.wire import codec, generations, replies
-from dreamzero_client.wire.replies import SessionReport
+from deployments.requests.generations import parse_generation_request
+from deployments.requests.replies import build_response
+from dreamzero.types import SessionReport
+from dreamzero_client.wire import codec, generations
 from serve_graph.wire_schema import render, schema_documents
 from tests.graph.helpers import normalised_observation
 
@@ -58,7 +60,7 @@ def test_request_bodies_built_by_the_client_validate(form):
     )  # fmt: skip
     wire = _as_json(body)
     _validator("request").validate(wire)
-    assert generations.parse_generation_request(wire, codec.JSON).form == form  # and the server accepts it
+    assert parse_generation_request(wire, codec.JSON).form == form  # and the server accepts it
 
 
 @pytest.mark.parametrize(
@@ -76,18 +78,18 @@ def test_request_schema_rejects_what_the_parser_rejects(change, where):
     errors = list(_validator("request").iter_errors(body))
     assert errors and any(where in "/".join(map(str, e.absolute_path)) + e.message for e in errors), errors
     with pytest.raises(Exception):  # noqa: B017 - the parser's own error type varies with the field
-        generations.parse_generation_request(body, codec.JSON)
+        parse_generation_request(body, codec.JSON)
 
 
 @pytest.mark.parametrize("response_format", ["envelope", "raw"])
 def test_replies_built_by_the_server_validate(response_format):
-    request = generations.parse_generation_request(
+    request = parse_generation_request(
         _as_json(generations.build_request_body(
             _small_observation("normalised", 2), ["p"] * 2, ["s0", "s1"], seed=7, response_format=response_format)),
         codec.JSON,
     )  # fmt: skip
     sessions = [SessionReport("s0", 1, True, "new_session", 1, "inc0"), SessionReport("s1", 3, False, None, 3, "inc1")]
-    reply = replies.build_response(request, np.zeros((2, 24, 32), np.float32), sessions, {"decode": 0.3})
+    reply = build_response(request, np.zeros((2, 24, 32), np.float32), sessions, {"decode": 0.3})
     reply.update(served_by="replica-1", batch_requests=1)  # what the ingress adds
     validator = _validator("reply")
     validator.validate(_as_json(reply))

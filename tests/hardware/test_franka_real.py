@@ -13,7 +13,7 @@ pytestmark = pytest.mark.hardware
 
 
 def test_arm_and_gripper_report_their_state_without_moving():
-    from dreamzero_client.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
+    from dreamzero_franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
 
     config = FrankyConfig(host=os.environ["DREAMZERO_FRANKA_HOST"])
     with FrankyRobot(config) as robot, FrankyGripper(config) as gripper:
@@ -27,7 +27,7 @@ def test_arm_and_gripper_report_their_state_without_moving():
 
 @pytest.mark.skipif(not os.environ.get("DREAMZERO_REALSENSE_SERIAL"), reason="DREAMZERO_REALSENSE_SERIAL is not set")
 def test_realsense_camera_delivers_colour_frames():
-    from dreamzero_client.franka.realsense import RealSenseCamera
+    from dreamzero_franka.common.realsense import RealSenseCamera
 
     with RealSenseCamera("exterior_image_1_left", os.environ["DREAMZERO_REALSENSE_SERIAL"]) as camera:
         frame = camera.observe()

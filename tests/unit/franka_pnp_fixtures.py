@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from dreamzero_client.franka.pnp.arm_model import solve_ik
-from dreamzero_client.franka.pnp.rotations import pose_from_xyz_euler
-from dreamzero_client.franka.pnp.task_poses import TaskPoses
-from dreamzero_client.franka.safety import FR3_JOINT_LOWER, FR3_JOINT_UPPER
+from dreamzero_franka.common.limits import FR3_JOINT_LOWER, FR3_JOINT_UPPER
+from dreamzero_franka.pnp.arm_model import solve_ik
+from dreamzero_franka.pnp.rotations import pose_from_xyz_euler
+from dreamzero_franka.pnp.task_poses import TaskPoses
 
 # DROID's home with the hand turned so the TCP frame lines up with the base (TCP at (0.36, 0, 0.387), pointing down)
 READY = np.array([0.0, -np.pi / 5, 0.0, -4 * np.pi / 5, 0.0, 3 * np.pi / 5, np.pi / 4])

@@ -27,11 +27,15 @@ import numpy as np
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 
-from dreamzero_client import droid
+from deployments.requests.generations import DEFAULT_MAX_STATE_DIM, NORMALISED_FRAME_COUNTS, parse_generation_request
+from deployments.requests.openpi import OPENPI_ENDPOINTS, parse_openpi_request
 from dreamzero_client.errors import DreamZeroError
-from dreamzero_client.franka import safety
-from dreamzero_client.policy import validate_chunk
 from dreamzero_client.wire import codec, generations, openpi
+from dreamzero_droid import droid
+from dreamzero_droid.policy import validate_chunk
+from dreamzero_franka.common.limits import DROID_HOME
+from dreamzero_franka.droid import safety
+from tests.support.observations import openpi_droid_observation
 
 # 1. Profiles ---------------------------------------------------------------------------------------------------------
 
@@ -347,10 +351,10 @@ def wire_bodies(draw, valid_trees: st.SearchStrategy) -> tuple[bytes, str | None
 def normalised_bodies(draw, image_hw: tuple[int, int] | None = None, max_batch: int = 3) -> dict:
     """A valid RLinf normalised-form body (B in 1..max_batch, T in 1|4), as the client builds it."""
     b = draw(st.integers(1, max_batch))
-    t = draw(st.sampled_from(generations.NORMALISED_FRAME_COUNTS))
+    t = draw(st.sampled_from(NORMALISED_FRAME_COUNTS))
     h, w = image_hw or (draw(st.integers(1, 6)), draw(st.integers(1, 6)))
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    mask = np.zeros((b, 1, generations.DEFAULT_MAX_STATE_DIM), bool)
+    mask = np.zeros((b, 1, DEFAULT_MAX_STATE_DIM), bool)
     mask[..., :8] = True
     obs = {
         "images": rng.integers(0, 256, (b, t, h, w, 3), dtype=np.uint8),
@@ -409,17 +413,9 @@ def openpi_frames(draw, image_hw: tuple[int, int] = (4, 6)) -> dict:
     """A valid OpenPI DROID frame (infer, one or four camera frames; or a reset)."""
     if draw(st.integers(0, 7)) == 0:
         return {"endpoint": "reset", "session_id": "ws0"}
-    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    lead = (4,) if draw(st.booleans()) else ()
-    frame: dict[str, Any] = {
-        key: rng.integers(0, 256, (*lead, *image_hw, 3), dtype=np.uint8)
-        for key in ("observation/exterior_image_0_left", "observation/exterior_image_1_left",
-                    "observation/wrist_image_left")
-    }  # fmt: skip
-    frame["observation/joint_position"] = rng.uniform(-1, 1, 7)
-    frame["observation/gripper_position"] = np.array([0.2])
-    frame["prompt"] = "pick up the cup"
-    frame["session_id"] = "ws0"
+    seed = draw(st.integers(0, 2**16))
+    frames = 4 if draw(st.booleans()) else None
+    frame = openpi_droid_observation(seed, "ws0", frames=frames, hw=image_hw, gripper=0.2)
     for key, values in (("endpoint", ["infer"]), ("seed", [0, 7]), ("response_format", ["dict", "array"])):
         if draw(st.booleans()):
             frame[key] = draw(st.sampled_from(values))
@@ -485,14 +481,14 @@ def run_generation(example: tuple[bytes, str | None]) -> str:
     body, ctype = example
     try:
         obj, flavour = codec.decode_body(body, ctype, max_bytes=MAX_BYTES)
-        req = generations.parse_generation_request(obj, flavour, max_batch=8)
+        req = parse_generation_request(obj, flavour, max_batch=8)
     except DreamZeroError:
         return "rejected"
     b = req.batch_size
     assert 1 <= b <= 8 and len(set(req.session_ids)) == b
-    assert len(req.prompts) == b and len(req.reset_mask) == b
+    assert len(req.prompts) == b and len(req.rows.reset_mask) == b
     assert all(isinstance(p, str) for p in req.prompts)
-    for name, seq in (("seeds", req.seeds), ("expected_steps", req.expected_steps)):
+    for name, seq in (("seeds", req.rows.seeds), ("expected_steps", req.rows.expected_steps)):
         assert seq is None or len(seq) == b, name
     for key, arr in req.observation.items():
         assert isinstance(arr, np.ndarray) and arr.ndim >= 1 and arr.shape[0] == b, key
@@ -506,10 +502,10 @@ def run_openpi(frame: bytes | str) -> str:
     """unpack_frame -> parse_openpi_request, as the WebSocket handler does."""
     try:
         msg, flavour = openpi.unpack_frame(frame, max_bytes=MAX_BYTES)
-        req = openpi.parse_openpi_request(msg, flavour)
+        req = parse_openpi_request(msg, flavour)
     except DreamZeroError:
         return "rejected"
-    assert req.endpoint in openpi.OPENPI_ENDPOINTS and isinstance(req.session_id, str) and req.session_id
+    assert req.endpoint in OPENPI_ENDPOINTS and isinstance(req.session_id, str) and req.session_id
     assert req.endpoint == "reset" or isinstance(req.prompt, str)
     assert all(isinstance(v, np.ndarray) for v in req.observation.values())
     return "accepted"
@@ -560,7 +556,7 @@ def chunks(draw) -> Any:
         return rows.astype(dtype) if dtype is not np.int64 or np.isfinite(rows).all() else rows
 
 
-DROID_HOME_8 = [*safety.DROID_HOME, 0.0]
+DROID_HOME_8 = [*DROID_HOME, 0.0]
 
 
 @st.composite
@@ -613,7 +609,7 @@ def filter_calls(draw) -> tuple[Any, Any]:
         small_arrays(),
         scalars(),
     )
-    return draw(vec), draw(st.one_of(st.just(safety.DROID_HOME.copy()), vec))
+    return draw(vec), draw(st.one_of(st.just(DROID_HOME.copy()), vec))
 
 
 def run_filter(example: tuple[Any, Any]) -> str:

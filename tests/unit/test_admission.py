@@ -120,9 +120,9 @@ def test_droid_14b_footprint_on_the_meta_device_equals_the_formula_per_chunk():
 
 @pytest.fixture(scope="module")
 def policy():
+    from deployments.config.sections import SessionArgs
+    from deployments.config.settings import PolicySettings
     from deployments.policy import PolicyDeployment
-    from deployments.sections import SessionArgs
-    from deployments.settings import PolicySettings
 
     pipeline = {"num_inference_steps": 2, "dit_step_mask": None}
     return PolicyDeployment(PolicySettings(sessions=SessionArgs(max_sessions=16), pipeline=pipeline))
@@ -186,7 +186,7 @@ def test_request_larger_than_the_row_budget_gets_413(policy):
     from deployments.error_replies import classify
     from dreamzero.errors import PayloadTooLarge
 
-    policy.rows_per_request = 2
+    policy.admission.rows_per_request = 2
     try:
         batch = _request(policy.pipeline, "x")
         batch3 = dataclasses.replace(
@@ -202,16 +202,16 @@ def test_request_larger_than_the_row_budget_gets_413(policy):
             asyncio.run(policy.generate(batch3))
         assert classify(info.value).status == 413
     finally:
-        policy.rows_per_request = None
+        policy.admission.rows_per_request = None
 
 
 def test_policy_budget_from_config(policy):
     store = policy.pipeline.store
     try:
-        policy._size_memory(4, "64MiB", 3.0)
-        assert store.max_bytes == 64 * 2**20 and store.retry_after_s == 3.0
-        policy._size_memory("auto", "auto", 3.0)  # on a plain CPU, auto means no byte limit and CPU_AUTO_ROWS rows
-        assert store.max_bytes is None and policy.max_batch_rows == 16  # min(CPU_AUTO_ROWS, sessions.max_sessions)
+        policy.engine.size_memory(4, "64MiB")
+        assert store.max_bytes == 64 * 2**20 and store.retry_after_s == policy.settings.retry_after_s
+        policy.engine.size_memory("auto", "auto")  # on a plain CPU, auto means no byte limit and CPU_AUTO_ROWS rows
+        assert store.max_bytes is None and policy.engine.max_batch_rows == 16  # min(CPU_AUTO_ROWS, max_sessions)
         assert policy.info()["memory"] == {"rows": 16, "budget_bytes": None, "device": None, "total_bytes": None}
     finally:
         store.max_bytes = None

@@ -18,6 +18,7 @@ from deployments.audit import (
     field,
     serve_log_dir,
 )
+from deployments.replica_report import eviction_audit
 from deployments.tenants import audit, audit_refusal, audit_reports, scoped_id, tenant_of
 from dreamzero.errors import CapacityError, ConfigError, QuotaExceeded
 from dreamzero.sessions import SessionState, SessionStore
@@ -44,9 +45,7 @@ def audit_file(tmp_path):
 
 
 def test_every_session_event_is_one_line_and_no_id_forges_one(audit_file):
-    store = SessionStore(max_sessions=1)
-    store.group_of = tenant_of
-    store.on_evict = lambda sid, cause: audit("evict", sid, "r1", f"cause={cause}")
+    store = SessionStore(max_sessions=1, group_of=tenant_of, on_evict=eviction_audit("r1"))  # as a replica's
     forged = scoped_id("alpha", FORGED)
     audit_reports([SessionReport(forged, 1, True, "new_session", 1, "i1")], "r1")
     store.put(SessionState(session_id=forged, prompt="p", negative_prompt="n"))

@@ -17,14 +17,7 @@ from dreamzero.pipeline.denoise import denoise_block, prefill_block
 from dreamzero.sessions import BRANCHES, SessionState
 from tests.kv_memory_support import kv_dominated_model, last_chunk_transient
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small forwards: extra threads only fight the other test processes for cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _dit() -> CausalWanDiT:

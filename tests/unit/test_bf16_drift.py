@@ -32,15 +32,6 @@ def _within(d, bound: dict, what: str) -> None:
     assert d.max_abs <= bound["max_abs"] and d.rel_l2 <= bound["rel_l2"], f"{what}: bf16 drift {d} over {bound}"
 
 
-@pytest.fixture
-def one_thread():
-    """The tiny loop is latency bound: extra threads only fight the other test processes for the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_tiny_loop_bf16_actions_stay_near_fp32(seed, one_thread):
     out = tiny_chunks(chunks=4, weight_seed=seed, input_seed=seed, noise_seed=1140 + seed)

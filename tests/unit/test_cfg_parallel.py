@@ -12,7 +12,6 @@ import threading
 
 import numpy as np
 import pytest
-import torch
 
 from dreamzero.config import apply_overrides
 from dreamzero.errors import CapacityError, InvalidObservation
@@ -21,20 +20,12 @@ from dreamzero.pipeline.cfg_parallel import BranchGroup, PeerLost, tcp_store
 from dreamzero.sessions import SessionStore
 from dreamzero.types import ModelBatch
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 H, W = 32, 64  # the tiny model's canvas
 #: measured: fp32 actions of cfg_parallel 2 vs 1 differ by at most ~1.2e-6 (the DiT runs G rows instead of 2G,
 #: which changes the matmul blocking only); the two ranks agree bit for bit. The bound leaves room for other CPUs.
 ROUND_OFF = 2e-5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread per rank: two ranks in one process on a shared 2-core CPU otherwise spin on each other's
-    cores (a chunk of the tiny model goes from ~0.1 s to seconds)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -131,6 +131,74 @@ def test_export_video_reports_each_chunk_as_it_goes(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# dreamzero-make-metadata, dreamzero-plan, dreamzero-eval-libero, dreamzero-franka
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_make_metadata_errors_are_one_line(tmp_path, capsys):
+    from dreamzero.metadata_cli import main
+
+    out = str(tmp_path / "metadata.json")
+    assert main(["generate", "/srv/nowhere/demos", "--preset", "oxe_droid", "-o", out]) == 2
+    _one_error_line(capsys.readouterr().err, "/srv/nowhere/demos", "info.json")
+    assert main(["generate", str(tmp_path), "-o", out]) == 2
+    _one_error_line(capsys.readouterr().err, "--preset", "--tag")
+    assert main(["merge", out, "/srv/nowhere/b.json"]) == 2
+    _one_error_line(capsys.readouterr().err, "/srv/nowhere/b.json")
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--model", "droid_14b"], ("--gpu-memory",)),
+        (["--model", "/srv/nowhere/ckpt", "--gpu-memory", "80GiB"], ("/srv/nowhere/ckpt", "presets")),
+        (["--model", "droid_14b", "--gpu-memory", "lots"], ("--gpu-memory", "40GiB")),
+    ],
+)
+def test_plan_errors_are_one_line(argv, words, capsys):
+    from dreamzero.plan_cli import main
+
+    assert main(argv) == 2
+    _one_error_line(capsys.readouterr().err, *words)
+
+
+def test_eval_libero_errors_are_one_line_before_waiting_for_a_server(tmp_path, capsys):
+    """Checked before the wait for the server (up to --ready-timeout-s): no server is running here."""
+    from eval.libero.cli import main
+
+    assert main(["--num-envs", "0", "--out", str(tmp_path)]) == 2
+    _one_error_line(capsys.readouterr().err, "num_envs")
+    assert main(["--suite", "libero_nowhere", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    _one_error_line(err, "libero_nowhere", "libero_spatial")
+    assert "waiting" not in err
+
+
+def test_zmq_keys_errors_are_one_line(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from dreamzero.zmq_keys_cli import main
+
+    assert main([str(tmp_path / "keys"), "/srv/nowhere/server"]) == 2  # a path as the name would write outside
+    _one_error_line(capsys.readouterr().err, "name", "/srv/nowhere/server")
+    assert not (tmp_path / "keys").exists()
+    (tmp_path / "file").write_text("")
+    assert main([str(tmp_path / "file"), "server"]) == 2  # a folder that cannot be made
+    _one_error_line(capsys.readouterr().err, str(tmp_path / "file"))
+    monkeypatch.setitem(sys.modules, "zmq", None)  # as without pyzmq
+    monkeypatch.setitem(sys.modules, "zmq.auth", None)
+    assert main([str(tmp_path / "keys"), "server"]) == 2
+    _one_error_line(capsys.readouterr().err, "pip install 'pyzmq")
+
+
+def test_franka_errors_are_one_line(capsys):
+    from dreamzero_franka.cli import main
+
+    assert main(["--server", "ws://127.0.0.1:1", "--prompt", "x", "--robot", "franky"]) == 2
+    _one_error_line(capsys.readouterr().err, "--robot-ip")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # --help
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -138,6 +206,7 @@ def test_export_video_reports_each_chunk_as_it_goes(tmp_path):
 def _parsers() -> dict[str, argparse.ArgumentParser]:
     from dreamzero.export_video import build_parser as export_parser
     from dreamzero.metadata_cli import _build_parser as metadata_parser
+    from dreamzero.plan_cli import _parser as plan_parser
     from dreamzero.train.cli import _parser as train_parser
     from eval.cli import build_parser as eval_parser
     from eval.libero.cli import build_parser as libero_parser
@@ -147,7 +216,7 @@ def _parsers() -> dict[str, argparse.ArgumentParser]:
     (sub,) = [a for a in metadata._actions if isinstance(a, argparse._SubParsersAction)]
     return {"dreamzero-train": train_parser(), "dreamzero-eval": eval_parser(), "dreamzero-eval-libero":
             libero_parser(), "dreamzero-record-demos": record_parser(), "dreamzero-export-video": export_parser(),
-            "dreamzero-make-metadata generate": sub.choices["generate"]}  # fmt: skip
+            "dreamzero-make-metadata generate": sub.choices["generate"], "dreamzero-plan": plan_parser()}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(_parsers()))
@@ -215,8 +284,9 @@ def test_the_export_video_doc_section_matches_the_command():
     assert "smear" in section and "VAE" in section
 
 
-def test_eval_draws_its_progress_bar_on_a_terminal_only(tmp_path, monkeypatch, capsys):
-    """`\\r` redraws belong on a terminal; in a log file (stderr not a tty) there is no bar, --no-progress or not."""
+def test_eval_shows_progress_unless_told_not_to(tmp_path, monkeypatch, capsys):
+    """Progress by default (a bar on a terminal, plain lines in a log: tests/unit/test_progress_lines.py), none with
+    --no-progress."""
     import eval.cli
     import eval.runner
 
@@ -237,7 +307,7 @@ def test_eval_draws_its_progress_bar_on_a_terminal_only(tmp_path, monkeypatch, c
         monkeypatch.setattr("sys.stderr", stream)
         assert eval.cli.main([*argv, "--out", str(tmp_path)]) == 2
         _one_error_line(stream.getvalue(), "stop here")
-    assert seen == [False, True, False]
+    assert seen == [True, True, False]
 
 
 def test_the_random_model_warning_names_each_tool_s_flag(caplog):

@@ -1,10 +1,10 @@
-"""`dreamzero_client.image_tools.resize_with_pad` is bit for bit openpi-client's PIL `resize_with_pad`."""
+"""`dreamzero_droid.image_tools.resize_with_pad` is bit for bit openpi-client's PIL `resize_with_pad`."""
 
 import numpy as np
 import pytest
 
 from dreamzero_client.errors import InvalidObservation
-from dreamzero_client.image_tools import resize_with_pad
+from dreamzero_droid.image_tools import resize_with_pad
 
 openpi_image_tools = pytest.importorskip(
     "openpi_client.image_tools", reason="scripts/install.sh installs openpi-client"

@@ -12,16 +12,18 @@ import httpx
 import numpy as np
 import pytest
 
+from deployments.requests.generations import parse_generation_request
+from deployments.requests.replies import build_response
 from dreamzero_client.errors import BadRequestError, ConfigError, InvalidObservation, PolicyServerError
-from dreamzero_client.franka.cli import DeployArgs, build_parser
-from dreamzero_client.franka.loop import LoopConfig
 from dreamzero_client.http_client import ActionClient
-from dreamzero_client.links import HttpLink, OpenPILink
-from dreamzero_client.policy import DroidPolicy, LinkReply, PolicyCallError
-from dreamzero_client.rtc import DelayEstimator, RtcRequest, RtcSchedule, refused_fields, switch_jump
-from dreamzero_client.wire import codec, generations, replies
+from dreamzero_client.wire import codec
+from dreamzero_droid.links import HttpLink, OpenPILink
+from dreamzero_droid.policy import DroidPolicy, LinkReply, PolicyCallError
+from dreamzero_droid.rtc import DelayEstimator, RtcRequest, RtcSchedule, refused_fields, switch_jump
+from dreamzero_franka.cli import DeployArgs, build_parser
+from dreamzero_franka.common.loop import LoopConfig
 from tests.franka_support import ScriptedTransport, chunk_near
-from tests.unit.test_client_runtime import droid_obs
+from tests.support.observations import droid_runtime_observation
 from tests.unit.test_franka_loop import make_runner
 
 H = 24
@@ -155,7 +157,7 @@ def test_executed_actions_follow_the_documented_timeline_through_the_policy():
     link = RtcLink()
     policy = DroidPolicy(link, prompt="stack the cups")
     sched = RtcSchedule(open_loop_horizon=8, control_hz=15.0, delay_steps=3)
-    chunk = policy.infer(droid_obs(0)).actions  # tick 0, synchronous
+    chunk = policy.infer(droid_runtime_observation(0)).actions  # tick 0, synchronous
     row, pending, executed, requests = 0, None, [], []
     for tick in range(30):
         if tick:
@@ -165,11 +167,11 @@ def test_executed_actions_follow_the_documented_timeline_through_the_policy():
                     sched.switched()
                     chunk, row, pending = pending.actions, new_row, None
             if pending is None and (asked := sched.plan(chunk, row)) is not None:
-                pending = policy.send(policy.request(droid_obs(tick), rtc=asked))
+                pending = policy.send(policy.request(droid_runtime_observation(tick), rtc=asked))
                 sched.sent(asked, len(chunk))
                 requests.append(tick)
             else:
-                policy.observe(droid_obs(tick))
+                policy.observe(droid_runtime_observation(tick))
         executed.append((tick, int(chunk[row, 7]), row, chunk[row].copy()))  # (tick, chunk number, row, action)
         row += 1
     assert requests == [8, 16, 24]  # one query every s = 8 ticks, as without RTC
@@ -197,13 +199,13 @@ def link_chunk(link: RtcLink, number: int) -> np.ndarray:
 # 3. The fields on the wire -------------------------------------------------------------------------------------
 def test_openpi_message_carries_the_rtc_fields_as_one_row():
     policy = DroidPolicy(RtcLink(), prompt="p")
-    policy.infer(droid_obs())
+    policy.infer(droid_runtime_observation())
     prefix = np.ones((16, 8))
-    query = policy.request(droid_obs(), rtc=RtcRequest(3, 8, prefix))
+    query = policy.request(droid_runtime_observation(), rtc=RtcRequest(3, 8, prefix))
     msg = OpenPILink().message(query)
     assert msg["rtc_prefix_len"] == [3] and msg["rtc_exec_horizon"] == [8]
     assert msg["action_prefix"].shape == (1, 16, 8) and msg["action_prefix"].dtype == np.float32
-    plain = OpenPILink().message(policy.request(droid_obs()))
+    plain = OpenPILink().message(policy.request(droid_runtime_observation()))
     assert not {"rtc_prefix_len", "rtc_exec_horizon", "action_prefix"} & set(plain)
 
 
@@ -219,15 +221,15 @@ def test_http_link_puts_the_rtc_fields_in_parameters():
     def handler(request: httpx.Request) -> httpx.Response:
         body, flavour = codec.decode_body(request.content, request.headers["content-type"])
         bodies.append(body)
-        req = generations.parse_generation_request(body, flavour)
+        req = parse_generation_request(body, flavour)
         session = {"session_id": req.session_ids[0], "step": 1, "restarted": False, "restart_reason": None,
                    "frame_position": 0, "incarnation": "x", "rtc": "client_prefix"}  # fmt: skip
-        data, ctype = codec.encode_body(replies.build_response(req, np.zeros((1, H, 8)), [session]), flavour)
+        data, ctype = codec.encode_body(build_response(req, np.zeros((1, H, 8)), [session]), flavour)
         return httpx.Response(200, content=data, headers={"Content-Type": ctype})
 
     policy = DroidPolicy(HttpLink(client=_mock_client(handler)), prompt="p")
-    policy.infer(droid_obs())
-    chunk = policy.send(policy.request(droid_obs(), rtc=RtcRequest(2, 8, np.full((16, 8), 0.5))))
+    policy.infer(droid_runtime_observation())
+    chunk = policy.send(policy.request(droid_runtime_observation(), rtc=RtcRequest(2, 8, np.full((16, 8), 0.5))))
     params = bodies[1]["parameters"]
     assert params["rtc_prefix_len"] == [2] and params["rtc_exec_horizon"] == [8]
     assert np.asarray(params["action_prefix"]).shape == (1, 16, 8)
@@ -253,33 +255,35 @@ def test_action_client_rtc_parameters_broadcast_and_per_row():
 def test_a_server_that_refuses_rtc_gets_plain_queries_and_a_warning(caplog, error_type):
     link = RtcLink(refuse="rtc_prefix_len", error_type=error_type)
     policy = DroidPolicy(link, prompt="p")
-    policy.infer(droid_obs())
+    policy.infer(droid_runtime_observation())
     with caplog.at_level(logging.WARNING, logger="dreamzero.clients.policy"):
-        chunk = policy.send(policy.request(droid_obs(), rtc=RtcRequest(2, 8, np.zeros((16, 8)))))
+        chunk = policy.send(policy.request(droid_runtime_observation(), rtc=RtcRequest(2, 8, np.zeros((16, 8)))))
     assert chunk.rtc_request is None and chunk.rtc is None and chunk.actions.shape == (H, 8)
     assert [q.rtc is None for q in link.queries] == [True, False, True]  # refused, then asked again without
     assert "rtc_prefix_len" in policy.rtc_fallback and "real-time chunking off" in caplog.text
-    assert policy.request(droid_obs(), rtc=RtcRequest(2, 8)).rtc is None  # never sent again
+    assert policy.request(droid_runtime_observation(), rtc=RtcRequest(2, 8)).rtc is None  # never sent again
     assert len([r for r in caplog.records if "real-time chunking off" in r.getMessage()]) == 1
 
 
 def test_a_refused_prefix_only_drops_the_prefix():
     link = RtcLink(refuse="action_prefix")
     policy = DroidPolicy(link, prompt="p")
-    policy.infer(droid_obs())
-    chunk = policy.send(policy.request(droid_obs(), rtc=RtcRequest(2, 8, np.zeros((16, 8)))))
+    policy.infer(droid_runtime_observation())
+    chunk = policy.send(policy.request(droid_runtime_observation(), rtc=RtcRequest(2, 8, np.zeros((16, 8)))))
     assert chunk.rtc == "session_cache" and as_tuple(chunk.rtc_request) == (2, 8, None)
     assert as_tuple(link.queries[-1].rtc) == (2, 8, None) and policy.rtc_fallback is None
-    assert policy.request(droid_obs(), rtc=RtcRequest(2, 8, np.zeros((16, 8)))).rtc.action_prefix is None
+    assert (
+        policy.request(droid_runtime_observation(), rtc=RtcRequest(2, 8, np.zeros((16, 8)))).rtc.action_prefix is None
+    )
 
 
 def test_a_server_that_ignores_rtc_is_detected_from_its_report(caplog):
     policy = DroidPolicy(RtcLink(report=False), prompt="p")
-    policy.infer(droid_obs())
+    policy.infer(droid_runtime_observation())
     with caplog.at_level(logging.WARNING, logger="dreamzero.clients.policy"):
-        chunk = policy.send(policy.request(droid_obs(), rtc=RtcRequest(2, 8)))
+        chunk = policy.send(policy.request(droid_runtime_observation(), rtc=RtcRequest(2, 8)))
     assert chunk.rtc is None and "ignored" in policy.rtc_fallback and "real-time chunking off" in caplog.text
-    assert policy.request(droid_obs(), rtc=RtcRequest(2, 8)).rtc is None
+    assert policy.request(droid_runtime_observation(), rtc=RtcRequest(2, 8)).rtc is None
 
 
 def test_other_errors_are_not_swallowed_by_the_fallback():
@@ -290,7 +294,7 @@ def test_other_errors_are_not_swallowed_by_the_fallback():
 
     policy = DroidPolicy(Failing(), prompt="p")
     with pytest.raises(PolicyCallError) as err:
-        policy.send(policy.request(droid_obs(), rtc=RtcRequest(2, 8)))
+        policy.send(policy.request(droid_runtime_observation(), rtc=RtcRequest(2, 8)))
     assert err.value.reason == "error_reply" and policy.rtc_fallback is None
 
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dreamzero_client import droid
+from deployments.requests.openpi import parse_openpi_request
 from dreamzero_client.errors import (
     ConfigError,
     InvalidObservation,
@@ -15,8 +15,10 @@ from dreamzero_client.errors import (
     ReplyTimeout,
     ServerUnavailableError,
 )
-from dreamzero_client.links import HttpLink, OpenPILink, connect
-from dreamzero_client.policy import (
+from dreamzero_client.wire import openpi
+from dreamzero_droid import droid
+from dreamzero_droid.links import HttpLink, OpenPILink, connect
+from dreamzero_droid.policy import (
     ChunkRejected,
     DroidPolicy,
     LinkReply,
@@ -24,15 +26,12 @@ from dreamzero_client.policy import (
     classify_failure,
     validate_chunk,
 )
-from dreamzero_client.wire import openpi
+from tests.support.observations import droid_runtime_observation
 
 
 def droid_obs(value: int = 0, hw=(360, 640), prompt: str | None = None) -> dict:
-    obs = {cam: np.full((*hw, 3), value + i, np.uint8) for i, cam in enumerate(droid.CAMERAS)}
-    obs.update(joint_position=np.arange(7) * 0.1, gripper_position=np.array([0.25]))
-    if prompt is not None:
-        obs["prompt"] = prompt
-    return obs
+    """The runtime's observation at a camera's own size (the runtime resizes it), gripper part closed."""
+    return droid_runtime_observation(value, hw, gripper=0.25, prompt=prompt)
 
 
 class RecordingLink:
@@ -219,8 +218,8 @@ def test_openpi_message_carries_the_stack_and_the_continuity_fields():
     assert msg["observation/exterior_image_0_left"].shape == (4, 180, 320, 3)
     assert msg["observation/cartesian_position"].shape == (6,) and msg["response_format"] == "dict"
     assert msg["expected_steps"] == [4] and msg["expected_incarnations"] == ["inc"]
-    parsed = openpi.parse_openpi_request(openpi.unpack_frame(openpi.pack_frame(msg))[0])
-    assert (parsed.expected_step, parsed.expected_incarnation) == (4, "inc")
+    parsed = parse_openpi_request(openpi.unpack_frame(openpi.pack_frame(msg))[0])
+    assert (parsed.rows.expected_steps, parsed.rows.expected_incarnations) == ([4], ["inc"])
     assert "expected_steps" not in parsed.observation
     first = OpenPILink().message(DroidPolicy(RecordingLink(), prompt="p").request(droid_obs()))
     assert first["observation/wrist_image_left"].shape == (180, 320, 3) and "expected_steps" not in first
@@ -260,7 +259,7 @@ def test_the_runtime_stays_light():
     import subprocess
 
     code = (
-        "import sys, dreamzero_client.policy, dreamzero_client.links, dreamzero_client.droid;"
+        "import sys, dreamzero_droid.policy, dreamzero_droid.links, dreamzero_droid.droid;"
         "print([m for m in ('PIL', 'torch', 'ray', 'cv2') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -2,7 +2,8 @@
 the malformed-request corpus: a certificate the client cannot trust (no CA bundle, another CA), one for another host
 name, an expired one, and a port that does not speak TLS, each refused at once with its exact `SecureChannelError`
 and never retried, never answered in plain text. The servers are uvicorn with `ssl_certfile` / `ssl_keyfile`, as
-Serve's proxy runs it (tests/e2e/test_tls_serve.py does the same through a real `serve run`)."""
+Serve's proxy runs it (tests/e2e/test_tls_serve.py does the same through a real `serve run`). Robot client only: the
+DROID links and the command lines over TLS are in tests/unit/test_tls_links.py."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import pytest
 
 from dreamzero_client.errors import ConfigError, SecureChannelError
 from dreamzero_client.http_client import ActionClient
-from dreamzero_client.links import HttpLink, OpenPILink, connect
 from dreamzero_client.openpi_client import OpenPIClient
 from dreamzero_client.wire import openpi
 from tests.tls_support import TlsServer, make_pki
@@ -66,16 +66,6 @@ def test_https_and_wss_round_trips_verified_by_the_ca_bundle(pki, servers):
         assert ws.get_server_metadata() == HANDSHAKE
         out = ws.infer({"step": 3})
         assert out["scheme"] == "wss" and out["actions"].shape == (2, 8) and float(out["actions"][0, 0]) == 3.0
-    link = connect(f"wss://localhost:{port}/ws", ca_bundle=str(pki.ca), timeout_s=10)
-    try:
-        assert isinstance(link, OpenPILink) and link.open() == HANDSHAKE
-    finally:
-        link.close()
-    link = connect(f"https://localhost:{port}", ca_bundle=str(pki.ca), timeout_s=10)
-    try:
-        assert isinstance(link, HttpLink) and link.client.health()["scheme"] == "https"
-    finally:
-        link.close()
 
 
 UNTRUSTED = "unable to get local issuer certificate"
@@ -139,60 +129,9 @@ def test_ca_bundle_errors_name_the_field(pki, tmp_path):
         ActionClient("http://localhost:1", ca_bundle=pki.ca)
     with pytest.raises(ConfigError, match=r"^host: a CA bundle was given for a ws:// URL, which is not encrypted"):
         OpenPIClient("ws://localhost:1", ca_bundle=pki.ca)
-    with pytest.raises(ConfigError, match=r"^--server: a CA bundle was given for a http:// URL"):
-        connect("http://localhost:1", ca_bundle=str(pki.ca), field="--server")
     missing = tmp_path / "missing.pem"
     with pytest.raises(ConfigError, match=rf"^ca_bundle: '{missing}' is not a file; give the PEM file"):
         ActionClient("https://localhost:1", ca_bundle=missing)
     with pytest.raises(ConfigError, match=r"^ca_bundle: '.*not-pem.txt' holds no readable PEM certificate"):
         (tmp_path / "not-pem.txt").write_text("hello")
-        OpenPILink("wss://localhost:1", ca_bundle=str(tmp_path / "not-pem.txt"))
-
-
-# --- the command lines: --ca-bundle beside every server URL option ---------------------------------------------------
-def test_eval_cli_reaches_a_wss_server_with_ca_bundle(pki, servers, capsys):
-    from eval.cli import main, make_policy, parse_args
-
-    url = f"wss://localhost:{servers['good']}/ws"
-    policy = make_policy(parse_args(["--host", url, "--ca-bundle", str(pki.ca), "--timeout-s", "10"]))
-    try:
-        assert isinstance(policy.link, OpenPILink) and policy.link.open() == HANDSHAKE
-    finally:
-        policy.close()
-    assert main(["--policy", "http", "--url", "http://localhost:1", "--ca-bundle", str(pki.ca)]) == 2
-    assert "--ca-bundle with --url http://localhost:1: a CA bundle was given for a http://" in capsys.readouterr().err
-    assert main(["--policy", "embedded", "--ca-bundle", str(pki.ca)]) == 2
-    assert "--ca-bundle: the embedded policy runs in this process" in capsys.readouterr().err
-    assert main(["--host", url, "--ca-bundle", "/nonexistent/ca.pem"]) == 2
-    assert "--ca-bundle: '/nonexistent/ca.pem' is not a file" in capsys.readouterr().err
-
-
-def test_eval_libero_cli_refuses_a_bad_ca_bundle_before_the_simulator(pki, servers, capsys, tmp_path):
-    from eval.libero.cli import main
-
-    out = ["--out", str(tmp_path)]
-    assert main(["--url", "http://localhost:1", "--ca-bundle", str(pki.ca), *out]) == 2
-    assert "--ca-bundle with --url http://localhost:1: a CA bundle was given" in capsys.readouterr().err
-    assert main(["--url", f"https://localhost:{servers['expired']}", "--ca-bundle", str(pki.ca), *out]) == 2
-    assert "did not verify: certificate has expired" in capsys.readouterr().err
-
-
-def test_franka_cli_takes_ca_bundle(pki, servers):
-    from dreamzero_client.franka.cli import DeployArgs, build_parser
-    from dreamzero_client.franka.policy import connect_policy
-    from dreamzero_client.policy import DroidPolicy
-
-    base = ["--prompt", "p", "--robot", "sim", "--cameras", "synthetic", "--embodiment", "oxe_droid"]
-    url = f"wss://localhost:{servers['good']}/ws"
-    args = DeployArgs.from_namespace(build_parser().parse_args([*base, "--server", url, "--ca-bundle", str(pki.ca)]))
-    assert args.ca_bundle == str(pki.ca)
-    policy = connect_policy(args.server, args.prompt, timeout_s=10, embodiment="oxe_droid", ca_bundle=args.ca_bundle)
-    try:
-        assert isinstance(policy, DroidPolicy)
-    finally:
-        policy.close()
-    with pytest.raises(SecureChannelError, match="unable to get local issuer certificate"):
-        connect_policy(url, "p", timeout_s=10, embodiment="oxe_droid")  # the system store does not know the test CA
-    plain = build_parser().parse_args([*base, "--server", "ws://localhost:1", "--ca-bundle", str(pki.ca)])
-    with pytest.raises(ConfigError, match=r"^--ca-bundle with --server ws://localhost:1: a CA bundle was given"):
-        DeployArgs.from_namespace(plain)
+        OpenPIClient("wss://localhost:1", ca_bundle=str(tmp_path / "not-pem.txt"))

@@ -10,7 +10,7 @@ import msgpack_numpy
 import numpy as np
 import pytest
 
-from dreamzero.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from dreamzero_client.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 from dreamzero_client.wire import codec
 
 

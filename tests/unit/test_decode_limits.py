@@ -12,8 +12,10 @@ import msgpack
 import numpy as np
 import pytest
 
+from deployments.requests import limits as server_limits
+from deployments.requests.generations import parse_generation_request
 from dreamzero_client.errors import InvalidRequest
-from dreamzero_client.wire import codec, generations
+from dreamzero_client.wire import codec
 
 SMALL = codec.DecodeLimits(max_bytes=1 << 20, max_depth=8, max_container_len=100, max_objects=1000)
 
@@ -78,7 +80,7 @@ def test_json_depth_and_container_limits_are_named():
 
 
 def test_limits_fit_the_widest_legal_request():
-    limits = codec.DecodeLimits.for_request(max_rows=4, max_cameras=2, max_frames=4, frame_hw=(24, 32))
+    limits = server_limits.request_limits(max_rows=4, max_cameras=2, max_frames=4, frame_hw=(24, 32))
     # every row's frames as markers, and one row's frames as nested lists (JSON's form)
     frames = np.zeros((4, 2, 4, 24, 32, 3), np.uint8)
     body = {
@@ -95,7 +97,7 @@ def test_limits_fit_the_widest_legal_request():
     one_row["input"] = {"prompt": ["go"], "observation": {f"video.cam{c}": frames[:1, c] for c in range(2)}}
     as_json = codec.encode_json(one_row)
     obj = codec.decode_body(as_json, "application/json", limits=limits)[0]
-    req = generations.parse_generation_request(obj, codec.JSON)
+    req = parse_generation_request(obj, codec.JSON)
     assert req.observation["video.cam1"].shape == (1, 4, 24, 32, 3)
     # a second JSON row's frames pass the widest request, and are refused
     two_rows = dict(one_row, parameters={"session_ids": ["s0", "s1"]})
@@ -107,7 +109,7 @@ def test_limits_fit_the_widest_legal_request():
 def test_limits_refuse_nonsense():
     with pytest.raises(ValueError, match="max_objects"):
         codec.DecodeLimits(max_objects=0)
-    assert codec.DecodeLimits() == codec.DecodeLimits.for_request()
+    assert codec.DecodeLimits() == server_limits.request_limits()
 
 
 def test_shape_error_quotes_a_long_shape_list_briefly():
@@ -127,15 +129,15 @@ def test_large_bodies_decode_on_a_worker_thread():
         seen.append(threading.get_ident())
         return codec.decode_body(body, "application/msgpack")
 
-    big = codec.encode_msgpack({"x": np.zeros(codec.INLINE_DECODE_BYTES, np.uint8)})
+    big = codec.encode_msgpack({"x": np.zeros(server_limits.INLINE_DECODE_BYTES, np.uint8)})
     small = codec.encode_msgpack({"x": 1})
 
     async def main():
-        await codec.decode_in_worker(len(small), decode, small)
-        obj, _ = await codec.decode_body_async(big, "application/msgpack")
-        await codec.decode_in_worker(len(big), decode, big)
+        await server_limits.decode_in_worker(len(small), decode, small)
+        obj, _ = await server_limits.decode_body_async(big, "application/msgpack")
+        await server_limits.decode_in_worker(len(big), decode, big)
         return obj
 
     obj = asyncio.run(main())
-    assert obj["x"].size == codec.INLINE_DECODE_BYTES
+    assert obj["x"].size == server_limits.INLINE_DECODE_BYTES
     assert seen[0] == loop_thread and seen[1] != loop_thread

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -22,6 +23,11 @@ from eval.mujoco_droid.expert import LAYOUT_X, LAYOUT_Y, LAYOUTS, MIN_SEPARATION
 from eval.mujoco_droid.record import VIDEO_FEATURES, merge_datasets, read_episodes, record_demos
 
 HW = (64, 112)
+
+
+def _frames(root) -> pa.Table:
+    """Every frame of a dataset as lerobot reads them: the data files concatenated in path order."""
+    return pa.concat_tables([pq.read_table(f) for f in sorted((root / "data").glob("*/*.parquet"))])
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +69,14 @@ def test_expert_succeeds_and_dataset_is_written(demos):
     assert summary["episodes"] == 2 and summary["attempts"] == 2, summary  # both expert attempts put the cube in
     info = json.loads((root / "meta" / "info.json").read_text())
     assert info["codebase_version"] == "v3.0" and info["fps"] == 15 and info["total_episodes"] == 2
-    data = pq.read_table(root / "data" / "chunk-000" / "file-000.parquet")
+    data = _frames(root)
     assert data.num_rows == info["total_frames"] == summary["frames"]
+    assert data.column("index").to_pylist() == list(range(data.num_rows))  # global index = position, as lerobot's
     episodes = pq.read_table(root / "meta" / "episodes" / "chunk-000" / "file-000.parquet").to_pylist()
-    assert [e["episode_index"] for e in episodes] == [0, 1]
+    assert [e["episode_index"] for e in episodes] == [0, 1] and [e["success"] for e in episodes] == [True, True]
     assert sum(e["length"] for e in episodes) == data.num_rows
     assert episodes[1]["dataset_from_index"] == episodes[0]["length"]
+    assert [(e["data/chunk_index"], e["data/file_index"]) for e in episodes] == [(0, 0), (0, 1)]  # one file each
     tasks = pq.read_table(root / "meta" / "tasks.parquet").to_pylist()
     assert tasks == [{"task_index": 0, "task": "put the cube in the bowl"}]
     for key in VIDEO_FEATURES.values():
@@ -90,7 +98,7 @@ def test_expert_succeeds_and_dataset_is_written(demos):
 def test_stats_json_matches_the_frames(demos):
     root, _ = demos
     stats = json.loads((root / "meta" / "stats.json").read_text())
-    data = pq.read_table(root / "data" / "chunk-000" / "file-000.parquet")
+    data = _frames(root)
     for key in ("observation.state", "action"):
         x = np.array(data.column(key).to_pylist(), np.float64)
         np.testing.assert_allclose(stats[key]["mean"], x.mean(0), atol=1e-5)
@@ -133,7 +141,7 @@ def test_merged_parts_hold_every_episode_and_layout(demos, tmp_path):
 
 
 def test_lossless_video_keeps_the_rendered_frames_and_survives_a_merge(tmp_path):
-    from eval.mujoco_droid.lerobot_writer import Episode, dataset_video_encoding, write_dataset
+    from dreamzero_droid.lerobot import Episode, dataset_video_encoding, write_dataset
 
     rng = np.random.default_rng(0)
     frames = rng.integers(0, 256, (4, 16, 24, 3), dtype=np.uint8)  # noise: the hardest case for a lossy codec

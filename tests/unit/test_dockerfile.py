@@ -101,7 +101,7 @@ def install_problems(steps) -> list[str]:
     words = words[words.index("install") + 1 :]
     problems = [f"pip install {w}: a CPU-only torch" for w in words if "cpu" in w.lower()]
     problems += [f"pip install {w}: torch comes from pyproject's torch>=2.4" for w in words if name(w) == "torch"]
-    installed = {}
+    installed, own_extras = {}, {}
     for target in [w for w in words if not w.startswith("-")]:
         path, _, extras = target.partition("[")
         if not (ROOT / path / "pyproject.toml").is_file():
@@ -109,12 +109,13 @@ def install_problems(steps) -> list[str]:
             continue
         project = tomllib.loads((ROOT / path / "pyproject.toml").read_text())["project"]
         installed[project["name"]] = {e for e in extras.rstrip("]").split(",") if e}
+        own_extras[project["name"]] = set(project.get("optional-dependencies", {}))
     root = PYPROJECT["project"]
     wanted = {root["name"]} | {name(d) for d in root["dependencies"] if name(d).startswith("dreamzero")}
     if set(installed) != wanted:
         problems.append(f"installs {sorted(installed)}, pyproject names {sorted(wanted)}")
     for project, extras in installed.items():
-        declared = set(root.get("optional-dependencies", {})) if project == root["name"] else set()
+        declared = own_extras[project]
         problems += [f"{project}[{e}]: no such extra in pyproject.toml" for e in sorted(extras - declared)]
         problems += [f"{project}[{e}]: tests/simulator extra in the server" for e in sorted(extras & TEST_ONLY_EXTRAS)]
     return problems
@@ -173,7 +174,7 @@ BROKEN = {
     "package left out": (SHIPPED.replace("COPY --chown=ray:users eval/ eval/\n", ""), "eval is not copied"),
     "sim extras": (SHIPPED.replace("-e . ", '-e ".[sim,dev]" '), "tests/simulator extra"),
     "unknown extra": (SHIPPED.replace("-e . ", '-e ".[gpu]" '), "no such extra"),
-    "client left out": (SHIPPED.replace("-e ./clients ", ""), "installs ['dreamzero-serve']"),
+    "client left out": (SHIPPED.replace("-e ./clients/dreamzero-droid ", ""), "installs ['dreamzero-client', 'dr"),
     "CPU torch": (
         SHIPPED.replace(PIP_LINE, PIP_LINE.replace("install", f"install --index-url {CPU_INDEX}")),
         "CPU-only",

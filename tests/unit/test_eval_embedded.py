@@ -2,7 +2,7 @@
 
 import json
 
-from dreamzero_client.policy import DroidPolicy
+from dreamzero_droid.policy import DroidPolicy
 from eval.mujoco_droid import MujocoDroidEnv
 from eval.policy_links import EmbeddedLink
 from eval.runner import EvalConfig, run_evaluation

@@ -4,17 +4,15 @@ import numpy as np
 import pytest
 
 from dreamzero.errors import ConfigError
-from dreamzero_client import droid
-from dreamzero_client.links import HttpLink, OpenPILink
-from dreamzero_client.policy import DroidPolicy, PolicyCallError
+from dreamzero_droid.links import HttpLink, OpenPILink
+from dreamzero_droid.policy import DroidPolicy, PolicyCallError
 from eval.policy_links import make_policy
 from tests.eval_support import FakeOpenPIServer
+from tests.support.observations import droid_runtime_observation
 
 
 def _obs(value: int = 0) -> dict:
-    obs = {cam: np.full((180, 320, 3), value + i, np.uint8) for i, cam in enumerate(droid.CAMERAS)}
-    obs.update(joint_position=np.arange(7) * 0.1, gripper_position=np.array([0.0]), prompt="put the cube in the bowl")
-    return obs
+    return droid_runtime_observation(value, prompt="put the cube in the bowl")
 
 
 def _policy(port: int, **kwargs) -> DroidPolicy:

@@ -9,7 +9,7 @@ import numpy as np
 
 from dreamzero.embodiments import get_embodiment
 from dreamzero.video_recorder import read_mp4
-from dreamzero_client import droid
+from dreamzero_droid import droid
 from eval.cli import main
 from eval.imagined import BLOCK_STEPS, ImaginedTrack, psnr
 

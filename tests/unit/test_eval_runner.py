@@ -12,8 +12,8 @@ import pytest
 
 from dreamzero.errors import ConfigError
 from dreamzero_client.errors import BadRequestError
-from dreamzero_client.links import OpenPILink
-from dreamzero_client.policy import DroidPolicy, LinkReply
+from dreamzero_droid.links import OpenPILink
+from dreamzero_droid.policy import DroidPolicy, LinkReply
 from eval.cli import parse_args
 from eval.mujoco_droid import MujocoDroidEnv
 from eval.report import write_report

@@ -21,9 +21,8 @@ def _state(sid: str, kv_tokens: int = 0) -> SessionState:
 
 
 def _store(**kwargs) -> tuple[SessionStore, list]:
-    store = SessionStore(**kwargs)
     evicted: list = []
-    store.group_of, store.on_evict = tenant_of, lambda sid, cause: evicted.append((sid, cause))
+    store = SessionStore(**kwargs, group_of=tenant_of, on_evict=lambda sid, cause: evicted.append((sid, cause)))
     return store, evicted
 
 
@@ -94,9 +93,8 @@ def test_a_flood_by_bytes_never_evicts_another_tenants_session():
 
 
 def test_the_replay_store_keeps_the_same_rule():
-    store = ReplayStore(max_sessions=16, retry_after_s=2.0)
     evicted: list = []
-    store.group_of, store.on_evict = tenant_of, lambda sid, cause: evicted.append((sid, cause))
+    store = ReplayStore(16, 2.0, group_of=tenant_of, on_evict=lambda sid, cause: evicted.append((sid, cause)))
 
     def serve(ids):  # as ReplayPipeline: admission, then each row answered and stored in turn
         store.check_room(ids)

@@ -15,7 +15,6 @@ not. A lower bound checks the run really used fp8 (an fp32 copy would match to ~
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.precision_support import FP32, OPTIONS, action_diff, session_actions, slice_forward_actions, tiny_model
 
@@ -23,15 +22,6 @@ FP8_FP32, FP8_BF16 = OPTIONS[0], OPTIONS[1]
 # normalised action units (actions of mean magnitude ~1): max abs / mean abs over every entry of every chunk
 TINY_BOUND = {"max_abs": 0.25, "mean_abs": 0.06}
 SLICE_BOUND = {"max_abs": 0.1, "mean_abs": 0.03}
-
-
-@pytest.fixture
-def one_thread():
-    """The tiny loop is latency bound: extra threads only fight the other test processes for the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -11,15 +11,16 @@ import numpy as np
 import pytest
 
 from dreamzero.errors import ConfigError, InvalidObservation, MissingDependency
-from dreamzero_client.franka.contracts import DeviceError
-from dreamzero_client.franka.policy import DroidPolicy, connect_policy
-from dreamzero_client.franka.sim_backends import SimRobot
-from dreamzero_client.links import HttpLink, OpenPILink
+from dreamzero_droid.links import HttpLink, OpenPILink
+from dreamzero_franka.common.contracts import DeviceError
+from dreamzero_franka.common.sim_backends import SimRobot
+from dreamzero_franka.connect import DroidPolicy, connect_policy
 from tests.franka_support import FakeOpenPIServer
 
 
 def test_missing_hardware_libraries_say_what_to_install(monkeypatch):
-    from dreamzero_client.franka import franky_backend, realsense
+    from dreamzero_franka import franky_backend
+    from dreamzero_franka.common import realsense
 
     monkeypatch.setitem(sys.modules, "franky", None)  # makes `import franky` raise ImportError
     monkeypatch.setitem(sys.modules, "pyrealsense2", None)
@@ -70,7 +71,7 @@ def _fake_pyrealsense2(frame: np.ndarray | None, started: list):
 
 
 def test_realsense_converts_bgr_to_rgb(monkeypatch):
-    from dreamzero_client.franka.realsense import RealSenseCamera
+    from dreamzero_franka.common.realsense import RealSenseCamera
 
     bgr = np.zeros((480, 640, 3), np.uint8)
     bgr[..., 0] = 200  # blue in BGR
@@ -85,7 +86,7 @@ def test_realsense_converts_bgr_to_rgb(monkeypatch):
 
 
 def test_realsense_frame_timeout_is_a_device_error(monkeypatch):
-    from dreamzero_client.franka.realsense import RealSenseCamera
+    from dreamzero_franka.common.realsense import RealSenseCamera
 
     monkeypatch.setitem(sys.modules, "pyrealsense2", _fake_pyrealsense2(None, []))
     with RealSenseCamera("wrist", "x") as cam, pytest.raises(DeviceError, match="no frame within 1000 ms"):
@@ -101,8 +102,8 @@ def test_devices_require_connect():
 
 def test_client_package_stays_light():
     code = (
-        "import sys, dreamzero_client.franka.cli, dreamzero_client.franka.loop;"
-        "import dreamzero_client.franka.franky_backend, dreamzero_client.franka.realsense;"
+        "import sys, dreamzero_franka.cli, dreamzero_franka.droid.loop;"
+        "import dreamzero_franka.franky_backend, dreamzero_franka.common.realsense;"
         "heavy = [m for m in ('torch', 'ray', 'franky', 'pyrealsense2', 'transformers') if m in sys.modules];"
         "print(heavy)"
     )

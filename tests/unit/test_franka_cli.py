@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dreamzero_client.franka.cli import main
+from dreamzero_franka.cli import main
 from tests.franka_support import FakeOpenPIServer
 
 SIM = ["--robot", "sim", "--cameras", "synthetic", "--unattended", "--no-video", "--control-hz", "30"]

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from dreamzero.errors import ConfigError
-from dreamzero_client.franka.contracts import DeviceError, RobotFault
-from dreamzero_client.franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
-from dreamzero_client.franka.safety import DROID_HOME
+from dreamzero_franka.common.contracts import DeviceError, RobotFault
+from dreamzero_franka.common.limits import DROID_HOME
+from dreamzero_franka.franky_backend import FrankyConfig, FrankyGripper, FrankyRobot
 
 
 def _fake_franky(calls: list, fail_move: list):
@@ -183,8 +183,8 @@ def test_open_waits_for_a_running_grasp_then_bounds_the_open_itself(fake):
 
 
 def test_cartesian_robot_reads_the_external_wrench_and_streams_pose_commands(fake):
-    from dreamzero_client.franka.franky_backend import FrankyCartesianRobot
-    from dreamzero_client.franka.pnp.arm_model import tcp_pose
+    from dreamzero_franka.franky_backend import FrankyCartesianRobot
+    from dreamzero_franka.pnp.arm_model import tcp_pose
 
     robot = FrankyCartesianRobot(FrankyConfig("10.0.0.2", realtime=False))
     with robot:

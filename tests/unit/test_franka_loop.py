@@ -9,12 +9,14 @@ import numpy as np
 import pytest
 
 from dreamzero.errors import ConfigError
-from dreamzero_client.droid import CAMERAS
-from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
-from dreamzero_client.franka.operator import Command
-from dreamzero_client.franka.safety import DROID_HOME, SafetyConfig, SafetyFilter
-from dreamzero_client.franka.sim_backends import SimGripper, SimRobot, SyntheticCamera
-from dreamzero_client.policy import DroidPolicy
+from dreamzero_droid.droid import CAMERAS
+from dreamzero_droid.policy import DroidPolicy
+from dreamzero_franka.common.limits import DROID_HOME
+from dreamzero_franka.common.loop import LoopConfig
+from dreamzero_franka.common.operator import Command
+from dreamzero_franka.common.sim_backends import SimGripper, SimRobot, SyntheticCamera
+from dreamzero_franka.droid.loop import DroidEpisodeRunner
+from dreamzero_franka.droid.safety import SafetyConfig, SafetyFilter
 from tests.franka_support import ScriptedOperator, ScriptedTransport, chunk_near
 
 HZ = 50.0  # faster than 15 Hz so the tests take well under a second per episode
@@ -33,7 +35,7 @@ def make_runner(transport, operator=None, safety=None, robot=None, cameras=None,
     for device in (robot, gripper, *cameras.values()):
         device.connect()
     policy = DroidPolicy(transport, prompt="put the cube in the bowl", session_prefix="franka")
-    runner = EpisodeRunner(
+    runner = DroidEpisodeRunner(
         robot,
         gripper,
         cameras,

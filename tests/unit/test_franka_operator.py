@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dreamzero_client.franka.operator import Command, ConsoleOperator, Operator, parse_command
+from dreamzero_franka.common.operator import Command, ConsoleOperator, Operator, parse_command
 
 
 @pytest.mark.parametrize(

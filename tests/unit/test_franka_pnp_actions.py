@@ -7,8 +7,8 @@ import pytest
 from scipy.spatial.transform import Rotation
 
 from dreamzero_client.errors import ConfigError
-from dreamzero_client.franka.pnp.actions import PnpActionSpace, action_to_target, gripper_command, preview_chunk
-from dreamzero_client.franka.pnp.rotations import pose_from_xyz_euler, rlinf_adjoint, rotation_angle
+from dreamzero_franka.pnp.actions import PnpActionSpace, action_to_target, gripper_command, preview_chunk
+from dreamzero_franka.pnp.rotations import pose_from_xyz_euler, rlinf_adjoint, rotation_angle
 
 SPACE = PnpActionSpace()
 DOWN = pose_from_xyz_euler([0.45, 0.0, 0.3, np.pi, 0.0, 0.0])  # TCP x = base x, TCP z = -base z

@@ -7,13 +7,13 @@ import types
 import numpy as np
 import pytest
 
-from dreamzero_client.franka.contracts import RobotFault
-from dreamzero_client.franka.pnp.arm_model import tcp_pose
-from dreamzero_client.franka.pnp.cartesian import CartesianRobot, SimCartesianRobot, franky_external_wrench
-from dreamzero_client.franka.pnp.reset_move import go_to_pose
-from dreamzero_client.franka.pnp.rotations import rotation_angle
-from dreamzero_client.franka.pnp.safety import PnpSafetyFilter
-from dreamzero_client.franka.sim_backends import SimRobot
+from dreamzero_franka.common.contracts import RobotFault
+from dreamzero_franka.common.sim_backends import SimRobot
+from dreamzero_franka.pnp.arm_model import tcp_pose
+from dreamzero_franka.pnp.cartesian import CartesianRobot, SimCartesianRobot, franky_external_wrench
+from dreamzero_franka.pnp.reset_move import go_to_pose
+from dreamzero_franka.pnp.rotations import rotation_angle
+from dreamzero_franka.pnp.safety import PnpSafetyFilter
 from tests.unit.franka_pnp_fixtures import joints_for, task_poses
 
 POSES = task_poses()

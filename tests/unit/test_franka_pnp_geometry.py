@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from dreamzero_client.franka.pnp import rotations as rot
-from dreamzero_client.franka.pnp.arm_model import pose_error, solve_ik, tcp_jacobian, tcp_pose
-from dreamzero_client.franka.safety import FR3_JOINT_LOWER, FR3_JOINT_UPPER
+from dreamzero_franka.common.limits import FR3_JOINT_LOWER, FR3_JOINT_UPPER
+from dreamzero_franka.pnp import rotations as rot
+from dreamzero_franka.pnp.arm_model import pose_error, solve_ik, tcp_jacobian, tcp_pose
 from tests.unit.franka_pnp_fixtures import READY
 
 RNG = np.random.default_rng(0)

@@ -9,17 +9,17 @@ import numpy as np
 import pytest
 
 from dreamzero_client.errors import ConfigError
-from dreamzero_client.franka.cli import main
-from dreamzero_client.franka.loop import LoopConfig
-from dreamzero_client.franka.operator import Command
-from dreamzero_client.franka.pnp.cartesian import SimCartesianRobot
-from dreamzero_client.franka.pnp.loop import PNP_CAMERAS, PnpEpisodeRunner, pnp_loop_config
-from dreamzero_client.franka.pnp.observation import STATE_DIM, WIRE_IMAGE, WIRE_STATE, WIRE_WRIST
-from dreamzero_client.franka.pnp.policy import PnpHttpLink, PnpOpenPILink, PnpPolicy, PnpQuery, frame_offsets
-from dreamzero_client.franka.pnp.safety import PnpSafetyFilter
-from dreamzero_client.franka.policy import DroidPolicy, connect_policy
-from dreamzero_client.franka.sim_backends import SimGripper, SyntheticCamera
-from dreamzero_client.policy import LinkReply
+from dreamzero_droid.policy import LinkReply
+from dreamzero_franka.cli import main
+from dreamzero_franka.common.loop import LoopConfig
+from dreamzero_franka.common.operator import Command
+from dreamzero_franka.common.sim_backends import SimGripper, SyntheticCamera
+from dreamzero_franka.connect import DroidPolicy, connect_policy
+from dreamzero_franka.pnp.cartesian import SimCartesianRobot
+from dreamzero_franka.pnp.loop import PNP_CAMERAS, PnpEpisodeRunner, pnp_loop_config
+from dreamzero_franka.pnp.observation import STATE_DIM, WIRE_IMAGE, WIRE_STATE, WIRE_WRIST
+from dreamzero_franka.pnp.policy import PnpHttpLink, PnpOpenPILink, PnpPolicy, PnpQuery, frame_offsets
+from dreamzero_franka.pnp.safety import PnpSafetyFilter
 from tests.franka_support import FakeOpenPIServer, ScriptedOperator, pnp_chunk
 from tests.unit.franka_pnp_fixtures import TARGET, task_poses
 
@@ -115,7 +115,7 @@ def test_random_chunks_never_leave_the_workspace_or_the_limits():
 
 
 def _euler(pose):
-    from dreamzero_client.franka.pnp.rotations import matrix_to_euler_xyz
+    from dreamzero_franka.pnp.rotations import matrix_to_euler_xyz
 
     return matrix_to_euler_xyz(pose[:3, :3])
 
@@ -305,19 +305,20 @@ def test_pnp_fills_the_base_loops_hooks_and_imports_nothing_private():
     import ast
     from pathlib import Path
 
-    from dreamzero_client.franka.loop import EpisodeRunner
+    from dreamzero_franka.common.loop import EpisodeRunner
 
     overridden = {n for n in vars(PnpEpisodeRunner) if n in vars(EpisodeRunner) and not n.startswith("__")}
     assert overridden >= {"go_home", "read_devices", "accept_chunk", "execute_row"}, overridden
     assert [n for n in overridden if n.startswith("_")] == []
     assert "_control" not in vars(PnpEpisodeRunner)
 
-    franka = Path(__file__).resolve().parents[2] / "clients" / "dreamzero_client" / "franka"
+    franka = Path(__file__).resolve().parents[2] / "clients" / "dreamzero-franka" / "dreamzero_franka"
     private = [
         f"{path.relative_to(franka)}: from {node.module} import {alias.name}"
         for path in sorted(franka.rglob("*.py"))
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("dreamzero_client"))
+        if isinstance(node, ast.ImportFrom)
+        and (node.level or (node.module or "").startswith(("dreamzero_client", "dreamzero_droid")))
         for alias in node.names
         if alias.name.startswith("_") and not alias.name.startswith("__")
     ]

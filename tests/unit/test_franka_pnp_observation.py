@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from dreamzero_client.errors import ConfigError, InvalidObservation
-from dreamzero_client.franka.pnp.cartesian import TcpState
-from dreamzero_client.franka.pnp.observation import (
+from dreamzero_franka.pnp.cartesian import TcpState
+from dreamzero_franka.pnp.observation import (
     STATE_LAYOUT,
     WIRE_IMAGE,
     WIRE_STATE,
@@ -17,7 +17,7 @@ from dreamzero_client.franka.pnp.observation import (
     centre_square,
     resize_bilinear,
 )
-from dreamzero_client.franka.pnp.rotations import pose_from_xyz_euler, rlinf_adjoint
+from dreamzero_franka.pnp.rotations import pose_from_xyz_euler, rlinf_adjoint
 
 RESET = pose_from_xyz_euler([0.45, 0.0, 0.30, np.pi, 0.0, 0.0])
 

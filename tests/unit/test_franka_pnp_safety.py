@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from dreamzero_client.errors import ConfigError
-from dreamzero_client.franka.pnp.actions import PnpActionSpace
-from dreamzero_client.franka.pnp.arm_model import pose_error, tcp_pose
-from dreamzero_client.franka.pnp.cartesian import SimCartesianRobot
-from dreamzero_client.franka.pnp.rotations import matrix_to_euler_xyz, rotation_angle, wrap_to_pi
-from dreamzero_client.franka.pnp.safety import (
+from dreamzero_franka.pnp.actions import PnpActionSpace
+from dreamzero_franka.pnp.arm_model import pose_error, tcp_pose
+from dreamzero_franka.pnp.cartesian import SimCartesianRobot
+from dreamzero_franka.pnp.rotations import matrix_to_euler_xyz, rotation_angle, wrap_to_pi
+from dreamzero_franka.pnp.safety import (
     PnpChunkRejected,
     PnpSafetyConfig,
     PnpSafetyFilter,

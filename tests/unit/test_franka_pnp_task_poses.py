@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dreamzero_client.errors import ConfigError
-from dreamzero_client.franka.pnp.task_poses import TaskPoses, add_task_pose_args, task_poses_from_args
+from dreamzero_franka.pnp.task_poses import TaskPoses, add_task_pose_args, task_poses_from_args
 from tests.unit.franka_pnp_fixtures import TARGET, joints_for, task_poses
 
 RESET = TARGET + np.array([0, 0, 0.10, 0, 0, 0])

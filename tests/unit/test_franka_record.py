@@ -11,10 +11,10 @@ import sys
 import numpy as np
 import pytest
 
-from dreamzero_client.franka.cli import main
-from dreamzero_client.franka.operator import Command
-from dreamzero_client.franka.pnp.actions import PnpActionSpace, action_to_target, base_frame_action, executed_action
-from dreamzero_client.franka.pnp.rotations import rlinf_adjoint
+from dreamzero_franka.cli import main
+from dreamzero_franka.common.operator import Command
+from dreamzero_franka.pnp.actions import PnpActionSpace, action_to_target, base_frame_action, executed_action
+from dreamzero_franka.pnp.rotations import rlinf_adjoint
 from tests.franka_support import FakeOpenPIServer, ScriptedOperator, ScriptedTransport
 from tests.unit.franka_pnp_fixtures import TARGET, joints_for, task_poses
 
@@ -57,7 +57,7 @@ def _metadata_and_one_train_step(ds, preset: str, tmp_path, capsys) -> dict:
 def test_droid_episodes_recorded_then_metadata_and_train(tmp_path, capsys):
     pytest.importorskip("pyarrow")
     pytest.importorskip("imageio_ffmpeg")
-    from dreamzero_client.recording import episode_marks
+    from dreamzero_droid.lerobot import episode_marks
 
     ds, logs = tmp_path / "droid", tmp_path / "logs"
     with FakeOpenPIServer() as server:
@@ -127,7 +127,7 @@ def test_franka_pnp_episodes_recorded_then_metadata_and_train(tmp_path, capsys):
 
 def test_executed_action_gives_back_the_row_the_filter_let_through():
     space = PnpActionSpace()
-    from dreamzero_client.franka.pnp.arm_model import tcp_pose
+    from dreamzero_franka.pnp.arm_model import tcp_pose
 
     tcp = tcp_pose(joints_for(TARGET + np.array([0, 0, 0.1, 0, 0, 0])))
     rng = np.random.default_rng(0)
@@ -148,12 +148,13 @@ def test_executed_action_gives_back_the_row_the_filter_let_through():
 def test_labels_aborts_and_faults_are_kept_and_marked(tmp_path):
     pytest.importorskip("pyarrow")
     pytest.importorskip("imageio_ffmpeg")
-    from dreamzero_client.droid import CAMERAS
-    from dreamzero_client.franka.loop import EpisodeRunner, LoopConfig
-    from dreamzero_client.franka.recording import open_dataset
-    from dreamzero_client.franka.sim_backends import SimGripper, SimRobot, SyntheticCamera
-    from dreamzero_client.policy import DroidPolicy
-    from dreamzero_client.recording import episode_marks
+    from dreamzero_droid.droid import CAMERAS
+    from dreamzero_droid.lerobot import episode_marks
+    from dreamzero_droid.policy import DroidPolicy
+    from dreamzero_franka.common.loop import LoopConfig
+    from dreamzero_franka.common.sim_backends import SimGripper, SimRobot, SyntheticCamera
+    from dreamzero_franka.droid.loop import DroidEpisodeRunner
+    from dreamzero_franka.recording import open_dataset
 
     # ep 0: labelled success at its 4th tick; ep 1: runs out, labelled failure; ep 2: aborted by the operator at its
     # 5th tick (and its label skipped); ep 3: the server is lost at its second query (a chunk every 2 ticks)
@@ -167,7 +168,7 @@ def test_labels_aborts_and_faults_are_kept_and_marked(tmp_path):
         device.connect()
     dataset = open_dataset(tmp_path / "ds", "oxe_droid", 30.0)
     config = LoopConfig(control_hz=30.0, max_steps=6, open_loop_horizon=2)
-    runner = EpisodeRunner(*devices, DroidPolicy(link, "stack the cups"), config=config, operator=operator,
+    runner = DroidEpisodeRunner(*devices, DroidPolicy(link, "stack the cups"), config=config, operator=operator,
                            dataset=dataset)  # fmt: skip
     results = runner.run(4)
     dataset.close()
@@ -190,8 +191,8 @@ def test_a_client_stopped_mid_episode_leaves_a_valid_dataset(exc, outcome, note,
     pytest.importorskip("pyarrow")
     pytest.importorskip("imageio_ffmpeg")
     from dreamzero.lerobot_dataset import LeRobotDataset
-    from dreamzero_client.franka import sim_backends
-    from dreamzero_client.recording import episode_marks
+    from dreamzero_droid.lerobot import episode_marks
+    from dreamzero_franka.common import sim_backends
 
     original, calls = sim_backends.SyntheticCamera.observe, []
 
@@ -227,7 +228,7 @@ def test_without_the_record_extra_the_robot_runs_and_the_option_names_the_extra(
         assert main([*base, "--log-dir", "", "--record-dataset", str(tmp_path / "ds")]) == 2
         assert len(server.events) == before  # refused before anything connected
     err = capsys.readouterr().err
-    assert "pip install 'dreamzero-client[record]'" in err
+    assert "pip install 'dreamzero-droid[record]'" in err
     assert not (tmp_path / "ds").exists()
 
 
@@ -235,8 +236,8 @@ def test_the_cli_imports_no_recording_code_unless_asked():
     import subprocess
 
     code = (
-        "import sys; import dreamzero_client.franka.cli; "
-        "bad = [m for m in ('pyarrow', 'imageio_ffmpeg', 'dreamzero_client.recording') if m in sys.modules]; "
+        "import sys; import dreamzero_franka.cli; "
+        "bad = [m for m in ('pyarrow', 'imageio_ffmpeg', 'dreamzero_droid.lerobot') if m in sys.modules]; "
         "sys.exit(1 if bad else 0)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0

@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 from dreamzero.errors import ConfigError
-from dreamzero_client.franka.kinematics import flange_pose, tcp_position
-from dreamzero_client.franka.safety import DROID_HOME, SafetyConfig, SafetyFilter, Watchdog
-from dreamzero_client.policy import ChunkRejected
+from dreamzero_droid.policy import ChunkRejected
+from dreamzero_franka.common.guards import Watchdog
+from dreamzero_franka.common.kinematics import flange_pose, tcp_position
+from dreamzero_franka.common.limits import DROID_HOME
+from dreamzero_franka.droid.safety import SafetyConfig, SafetyFilter
 
 EPS = 1e-9
 

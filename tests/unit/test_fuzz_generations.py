@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 
+from deployments.requests.generations import parse_generation_request
 from dreamzero_client.errors import DreamZeroError, InvalidObservation
-from dreamzero_client.wire import codec, generations
+from dreamzero_client.wire import codec
 from tests.unit.fuzz_targets import CI, TARGETS_BY_NAME
 
 GENERATIONS = TARGETS_BY_NAME["generations"]
@@ -32,7 +33,7 @@ def test_the_mutations_reach_deep_fields():
         body, ctype = example
         try:
             obj, flavour = codec.decode_body(body, ctype)
-            generations.parse_generation_request(obj, flavour)
+            parse_generation_request(obj, flavour)
             outcomes.add("accepted")
         except InvalidObservation as exc:
             fields.add(exc.field or "")

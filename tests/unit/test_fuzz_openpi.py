@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from deployments.requests.openpi import parse_openpi_request
 from dreamzero_client.errors import DreamZeroError
-from dreamzero_client.wire import openpi
 from tests.unit.fuzz_targets import CI, TARGETS_BY_NAME, scalars
 
 OPENPI = TARGETS_BY_NAME["openpi"]
@@ -23,6 +23,6 @@ def test_mutated_frames_raise_only_typed_errors(frame):
 def test_a_decoded_message_with_any_keys_is_refused_cleanly(msg):
     """The parser is public: a caller that skipped `unpack_frame` (keys that are not strings) gets a typed error."""
     try:
-        openpi.parse_openpi_request({"prompt": "p", **msg})
+        parse_openpi_request({"prompt": "p", **msg})
     except DreamZeroError:
         pass

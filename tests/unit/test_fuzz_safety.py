@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from dreamzero_client.franka import safety
+from dreamzero_franka.common.limits import DROID_HOME
+from dreamzero_franka.droid import safety
 from tests.unit.fuzz_targets import CI, TARGETS_BY_NAME
 
 CHUNKS = TARGETS_BY_NAME["safety_chunks"]
@@ -33,7 +34,7 @@ def test_the_invariant_check_catches_an_unfiltered_command(monkeypatch):
             return safety.SafeCommand(np.asarray(target, float), ())
 
     monkeypatch.setattr(safety, "SafetyFilter", PassThrough)
-    chunk = np.tile([*safety.DROID_HOME, 0.0], (2, 1))
+    chunk = np.tile([*DROID_HOME, 0.0], (2, 1))
     chunk[1, 0] += 1.0  # 1 rad in one step: far beyond the step limit
     with pytest.raises(AssertionError):
-        CHUNKS.run((safety.SafetyConfig(), chunk, safety.DROID_HOME.copy(), True))
+        CHUNKS.run((safety.SafetyConfig(), chunk, DROID_HOME.copy(), True))

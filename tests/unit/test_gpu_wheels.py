@@ -74,7 +74,7 @@ def fallbacks() -> set[str]:
 
 def pyproject_constraints() -> dict[str, list[Requirement]]:
     out: dict[str, list[Requirement]] = {}
-    for path in (ROOT / "pyproject.toml", ROOT / "clients" / "pyproject.toml"):
+    for path in (ROOT / "pyproject.toml", *sorted((ROOT / "clients").glob("*/pyproject.toml"))):
         project = tomllib.loads(path.read_text())["project"]
         texts = project["dependencies"] + [
             r for extra in project.get("optional-dependencies", {}).values() for r in extra

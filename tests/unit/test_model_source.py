@@ -9,9 +9,9 @@ import shutil
 
 import pytest
 
+from deployments.config.settings import EmbodimentSettings, StageSettings
 from deployments.postprocess import PostprocessDeployment
 from deployments.preprocess import PreprocessDeployment
-from deployments.settings import EmbodimentSource, StageSettings
 from dreamzero.errors import ConfigError
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
@@ -90,7 +90,7 @@ def test_statistics_come_from_beside_the_checkpoint_or_metadata_path(layouts, tm
     assert model.metadata["oxe_droid"]["statistics"]["state"]["gripper_position"]["q99"] == [0.75]
     # the CPU stages build their embodiment from this data, not from a file
     for stage_cls in (PreprocessDeployment, PostprocessDeployment):
-        stage = stage_cls(StageSettings(embodiment=EmbodimentSource(tag="oxe_droid", metadata=model.metadata)))
+        stage = stage_cls(StageSettings(embodiment=EmbodimentSettings(tag="oxe_droid", metadata=model.metadata)))
         assert stage.embodiment.metadata.stats("state.gripper_position").q99.tolist() == [0.75]
     explicit = tmp_path / "other.json"
     explicit.write_text(json.dumps({"libero_sim": stats["libero_sim"]}))

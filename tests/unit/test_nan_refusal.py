@@ -9,9 +9,9 @@ import asyncio
 import numpy as np
 import pytest
 
+from deployments.config.sections import ReplayArgs
+from deployments.config.settings import PolicySettings
 from deployments.policy import PolicyDeployment
-from deployments.sections import ReplayArgs
-from deployments.settings import PolicySettings
 from dreamzero.embodiments import get_embodiment
 from dreamzero.embodiments.base import MAX_NORMALISED_STATE
 from dreamzero.errors import InvalidObservation

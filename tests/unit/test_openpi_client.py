@@ -21,9 +21,14 @@ from dreamzero_client.errors import (
 )
 from dreamzero_client.openpi_client import OpenPIClient, build_uri
 from dreamzero_client.wire import openpi
+from tests.support.observations import openpi_droid_observation
 
 ACTIONS = np.arange(24 * 8, dtype=np.float32).reshape(24, 8)
-HANDSHAKE = {**openpi.handshake_config(), "action_horizon": 24, "action_dim": 8}
+#: what DreamZero's server sends first (the six keys of openpi's PolicyServerConfig, then the extended ones)
+HANDSHAKE = {
+    "image_resolution": [180, 320], "needs_wrist_camera": True, "n_external_cameras": 2, "needs_stereo_camera": False,
+    "needs_session_id": True, "action_space": "joint_position", "action_horizon": 24, "action_dim": 8,
+}  # fmt: skip
 
 
 class FakeOpenPIServer:
@@ -59,7 +64,7 @@ class FakeOpenPIServer:
                     if self.mode == "text":
                         ws.send("reset successful")
                     else:
-                        ws.send(openpi.pack_frame(openpi.OPENPI_RESET_REPLY))
+                        ws.send(openpi.pack_frame({"status": "reset successful"}))
                     continue
                 if self.mode == "close_once":
                     self.mode = "dict"
@@ -68,17 +73,21 @@ class FakeOpenPIServer:
                 if self.mode == "silent":
                     continue
                 if self.mode == "array":
-                    ws.send(openpi.pack_frame(openpi.infer_reply(ACTIONS, as_dict=False)))
+                    ws.send(openpi.pack_frame(ACTIONS))
                 elif self.mode == "dict":
                     report = {"step": len(self.received), "incarnation": "inc-1"}
                     extra = {"server_ms": 3, "session": report}
-                    ws.send(openpi.pack_frame(openpi.infer_reply(ACTIONS, as_dict=True, extra=extra)))
+                    ws.send(openpi.pack_frame({"actions": ACTIONS, **extra}))
                 elif self.mode == "list":
                     ws.send(msgpack.packb(ACTIONS.tolist()))
                 elif self.mode == "text":
                     ws.send("Traceback (most recent call last): boom")
                 elif self.mode == "error":
-                    ws.send(openpi.pack_frame(openpi.error_frame("Invalid request payload", code="invalid_request")))
+                    ws.send(
+                        openpi.pack_frame(
+                            {"type": "error", "message": "Invalid request payload", "code": "invalid_request"}
+                        )
+                    )
 
         self._server = serve(handler, "127.0.0.1", 0, process_request=process_request, compression=None)
         self.port = self._server.socket.getsockname()[1]
@@ -97,14 +106,8 @@ def server():
     s.stop()
 
 
-def _obs(**extra):
-    obs = {
-        "observation/exterior_image_0_left": np.zeros((180, 320, 3), np.uint8),
-        "observation/joint_position": np.zeros(7, np.float32),
-        "prompt": "put the marker in the cup",
-    }
-    obs.update(extra)
-    return obs
+def _obs(session_id: str | None = None):
+    return openpi_droid_observation(session_id=session_id, prompt="put the marker in the cup")
 
 
 def _client(server, **kw):

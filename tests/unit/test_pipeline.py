@@ -22,6 +22,8 @@ from dreamzero.pipeline import DreamZeroPipeline, StepPlan
 from dreamzero.sessions import SessionStore
 from dreamzero.types import ModelBatch
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 H, W = 32, 64  # canvas sent by the tests (= tiny model_input_hw)
 
 
@@ -104,15 +106,6 @@ def make_model(kind: str = "i2v"):
 @pytest.fixture(scope="module")
 def model():
     return make_model()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tiny forwards are latency bound: extra threads only fight the other test processes for cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 FAST = {"num_inference_steps": 4, "dit_step_mask": (True, True, False, True)}  # loop logic needs no 16 steps

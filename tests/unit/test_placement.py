@@ -24,15 +24,9 @@ from dreamzero.pipeline import DreamZeroPipeline
 from dreamzero.placement import Placement, text_encoder_cost, text_encoder_layer_flops, text_encoder_layer_nbytes
 from dreamzero.types import ModelBatch
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 PROMPTS = ["put the cup in the bowl", "open the drawer", ""]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

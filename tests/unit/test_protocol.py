@@ -9,6 +9,10 @@ import numpy as np
 import pytest
 
 from deployments.preprocess import normalised_batch
+from deployments.requests import openpi as openpi_frames
+from deployments.requests.generations import parse_generation_request
+from deployments.requests.openpi import parse_openpi_request
+from deployments.requests.replies import build_response
 from dreamzero.errors import InvalidObservation, InvalidRequest
 from dreamzero.types import SessionReport
 from dreamzero_client.wire import codec, generations, openpi, replies
@@ -58,9 +62,9 @@ def _raw_body(b: int = B) -> dict:
 
 def test_rlinf_normalised_body_round_trips_through_codec_and_parser():
     data, ctype = codec.encode_body(_rlinf_body(), codec.OPENPI)
-    req = generations.parse_generation_request(*codec.decode_body(data, ctype))
+    req = parse_generation_request(*codec.decode_body(data, ctype))
     assert req.form == "normalised" and req.batch_size == B and req.flavour == codec.OPENPI
-    assert req.reset_mask == [True, True] and req.seeds == [1140, 1140]
+    assert req.rows.reset_mask == [True, True] and req.rows.seeds == [1140, 1140]
     assert req.observation["state"].dtype == np.float32 and req.observation["state_mask"].dtype == bool
     assert req.route_key == "rlinf-eval-r0-stage0-slot0"
     batch = normalised_batch(req)
@@ -68,18 +72,18 @@ def test_rlinf_normalised_body_round_trips_through_codec_and_parser():
 
 
 def test_raw_body_infers_raw_form_flattens_nested_keys_and_broadcasts_prompt():
-    req = generations.parse_generation_request(_raw_body())
+    req = parse_generation_request(_raw_body())
     assert req.form == "raw"
     assert set(req.observation) == {"video.exterior_image_1_left", "state.joint_position"}
     assert req.prompts == ["pick up the cube"] * B
-    assert req.expected_steps == [None, 3] and req.reset_mask == [False, False]
+    assert req.rows.expected_steps == [None, 3] and req.rows.reset_mask == [False, False]
     with pytest.raises(InvalidRequest, match="normalised"):
         normalised_batch(req)
 
 
 def test_json_lists_become_arrays_with_canonical_dtypes():
     body = json.loads(codec.encode_json(_rlinf_body()))
-    req = generations.parse_generation_request(body, flavour=codec.JSON)
+    req = parse_generation_request(body, flavour=codec.JSON)
     assert req.observation["images"].dtype == np.uint8
     assert req.observation["state"].dtype == np.float32
     assert req.observation["state_mask"].dtype == bool and req.flavour == codec.JSON
@@ -90,8 +94,8 @@ def test_explicit_form_and_options():
     body["input"]["form"] = "raw"
     body["parameters"].update(routing_key="robot-7", seed=[1, 2], negative_prompts="blurry")
     body["runtime"] = {"response_format": "raw", "output_format": "list"}
-    req = generations.parse_generation_request(body)
-    assert (req.route_key, req.seeds, req.negative_prompts) == ("robot-7", [1, 2], ["blurry", "blurry"])
+    req = parse_generation_request(body)
+    assert (req.route_key, req.rows.seeds, req.rows.negative_prompts) == ("robot-7", [1, 2], ["blurry", "blurry"])
     assert (req.response_format, req.output_format) == ("raw", "list")
 
 
@@ -147,7 +151,7 @@ def _mutate(path: str, value):
 )  # fmt: skip
 def test_each_violation_names_its_field(path, value, field, match):
     with pytest.raises(InvalidObservation, match=match) as info:
-        generations.parse_generation_request(_mutate(path, value))
+        parse_generation_request(_mutate(path, value))
     assert info.value.field == field
     assert field.split("[")[0] in str(info.value)
 
@@ -155,7 +159,7 @@ def test_each_violation_names_its_field(path, value, field, match):
 @pytest.mark.parametrize("body", [[1], {"input": "x"}, {"parameters": {}}, {"input": {}, "parameters": 3}])
 def test_structural_errors_are_400(body):
     with pytest.raises(InvalidRequest) as info:
-        generations.parse_generation_request(body)
+        parse_generation_request(body)
     assert not isinstance(info.value, InvalidObservation)
 
 
@@ -163,10 +167,10 @@ def test_raw_form_checks_batch_dimension_and_max_batch():
     body = _raw_body()
     body["input"]["observation"]["state"]["joint_position"] = np.zeros((3, 1, 7))
     with pytest.raises(InvalidObservation, match=r"leading batch dimension of 2.*\[3, 1, 7\]") as info:
-        generations.parse_generation_request(body)
+        parse_generation_request(body)
     assert info.value.field == "input.observation.state.joint_position"
     with pytest.raises(InvalidObservation, match="at most 1"):
-        generations.parse_generation_request(_raw_body(), max_batch=1)
+        parse_generation_request(_raw_body(), max_batch=1)
 
 
 def test_normalised_form_accepts_state_without_time_axis_and_images_without_t():
@@ -174,7 +178,7 @@ def test_normalised_form_accepts_state_without_time_axis_and_images_without_t():
     obs = body["input"]["observation"]
     obs["state"], obs["state_mask"] = obs["state"][:, 0], obs["state_mask"][:, 0]
     obs["images"] = obs["images"][:, 0]
-    req = generations.parse_generation_request(body)
+    req = parse_generation_request(body)
     assert req.observation["state"].shape == (B, 1, 64) and req.observation["images"].shape == (B, 1, 16, 32, 3)
 
 
@@ -186,9 +190,9 @@ def _reports(b=B):
 
 
 def test_envelope_response_has_sglang_path_and_our_extras():
-    req = generations.parse_generation_request(_rlinf_body())
+    req = parse_generation_request(_rlinf_body())
     actions = np.random.default_rng(0).normal(size=(B, 24, 32)).astype(np.float64)
-    resp = replies.build_response(req, actions, _reports(), {"denoise": 12.5})
+    resp = build_response(req, actions, _reports(), {"denoise": 12.5})
     assert resp["object"] == "action.generation" and resp["id"].startswith("act_") and resp["model"] == req.model
     action = resp["data"][0]["action"]
     assert action["shape"] == [B, 24, 32] and action["dtype"] == "float32" and action["values"].dtype == np.float32
@@ -204,8 +208,8 @@ def test_envelope_response_has_sglang_path_and_our_extras():
 def test_raw_response_format_and_list_output():
     body = _raw_body()
     body["runtime"] = {"response_format": "raw", "output_format": "list"}
-    req = generations.parse_generation_request(body)
-    resp = replies.build_response(req, np.ones((B, 4, 8)), _reports())
+    req = parse_generation_request(body)
+    resp = build_response(req, np.ones((B, 4, 8)), _reports())
     assert set(resp) >= {"request_id", "actions", "parameters", "sessions", "timings", "form"}
     assert isinstance(resp["actions"], list) and resp["parameters"]["session_ids"] == ["s0", "s1"]
     json.dumps(resp)  # list output is JSON-serialisable as is
@@ -213,11 +217,11 @@ def test_raw_response_format_and_list_output():
 
 
 def test_build_response_checks_shapes():
-    req = generations.parse_generation_request(_rlinf_body())
+    req = parse_generation_request(_rlinf_body())
     with pytest.raises(ValueError, match="B=2"):
-        replies.build_response(req, np.ones((3, 4, 8)), _reports())
+        build_response(req, np.ones((3, 4, 8)), _reports())
     with pytest.raises(ValueError, match="one session report"):
-        replies.build_response(req, np.ones((B, 4, 8)), _reports(1))
+        build_response(req, np.ones((B, 4, 8)), _reports(1))
 
 
 def test_parse_actions_response_rejects_foreign_replies():
@@ -231,8 +235,8 @@ def test_build_request_body_is_what_the_parser_accepts():
     body = generations.build_request_body(
         obs, ["x"], ["s"], form="raw", reset_mask=[True], seed=3, expected_steps=[None]
     )
-    req = generations.parse_generation_request(copy.deepcopy(body))
-    assert req.reset_mask == [True] and req.seeds == [3] and req.expected_steps == [None]
+    req = parse_generation_request(copy.deepcopy(body))
+    assert req.rows.reset_mask == [True] and req.rows.seeds == [3] and req.rows.expected_steps == [None]
 
 
 @pytest.mark.parametrize(
@@ -265,49 +269,49 @@ def _droid_msg(**extra):
 
 def test_openpi_infer_frame_and_reply_shape_choice():
     msg, flavour = openpi.unpack_frame(openpi.pack_frame(_droid_msg(session_id="ep1", seed=7)))
-    req = openpi.parse_openpi_request(msg, flavour)
+    req = parse_openpi_request(msg, flavour)
     # no endpoint = infer, answered with the bare array as both DreamZero reference servers do
-    assert (req.endpoint, req.session_id, req.seed, req.reply_as_dict) == ("infer", "ep1", 7, False)
-    assert openpi.parse_openpi_request(msg, flavour, default_dict=True).reply_as_dict is True  # ?response_format=dict
+    assert (req.endpoint, req.session_id, req.rows.seeds[0], req.reply_as_dict) == ("infer", "ep1", 7, False)
+    assert parse_openpi_request(msg, flavour, default_dict=True).reply_as_dict is True  # ?response_format=dict
     assert set(req.observation) == {"observation/exterior_image_0_left", "observation/joint_position"}
     assert openpi.OPENPI_DROID_KEY_MAP["observation/exterior_image_0_left"] == "video.exterior_image_1_left"
-    assert openpi.parse_openpi_request(_droid_msg(endpoint="infer")).reply_as_dict is False
-    assert openpi.parse_openpi_request(_droid_msg(endpoint="infer", response_format="dict")).reply_as_dict is True
-    as_array = openpi.parse_openpi_request(_droid_msg(response_format="array"), default_dict=True)
+    assert parse_openpi_request(_droid_msg(endpoint="infer")).reply_as_dict is False
+    assert parse_openpi_request(_droid_msg(endpoint="infer", response_format="dict")).reply_as_dict is True
+    as_array = parse_openpi_request(_droid_msg(response_format="array"), default_dict=True)
     assert as_array.reply_as_dict is False  # the message's own key wins over the connection's default
     with pytest.raises(InvalidObservation, match="response_format"):
-        openpi.parse_openpi_request(_droid_msg(response_format="json"))
-    assert openpi.parse_openpi_request(_droid_msg()).session_id == "default"
-    reply = openpi.infer_reply(np.zeros((24, 8)), as_dict=False)
+        parse_openpi_request(_droid_msg(response_format="json"))
+    assert parse_openpi_request(_droid_msg()).session_id == "default"
+    reply = openpi_frames.infer_reply(np.zeros((24, 8)), as_dict=False)
     assert reply.dtype == np.float32 and reply.shape == (24, 8)
-    assert openpi.infer_reply(np.zeros((24, 8)), as_dict=True, extra={"x": 1})["x"] == 1
+    assert openpi_frames.infer_reply(np.zeros((24, 8)), as_dict=True, extra={"x": 1})["x"] == 1
 
 
 def test_openpi_reset_and_errors():
-    assert openpi.parse_openpi_request({"endpoint": "reset"}).endpoint == "reset"
+    assert parse_openpi_request({"endpoint": "reset"}).endpoint == "reset"
     with pytest.raises(InvalidObservation, match="endpoint"):
-        openpi.parse_openpi_request({"endpoint": "train"})
+        parse_openpi_request({"endpoint": "train"})
     with pytest.raises(InvalidObservation, match="prompt") as info:
-        openpi.parse_openpi_request({"observation/joint_position": np.zeros(7)})
+        parse_openpi_request({"observation/joint_position": np.zeros(7)})
     assert info.value.field == "prompt"
     with pytest.raises(InvalidObservation, match="session_id"):
-        openpi.parse_openpi_request(_droid_msg(session_id=""))
+        parse_openpi_request(_droid_msg(session_id=""))
     with pytest.raises(InvalidRequest, match="map"):
-        openpi.parse_openpi_request([1, 2])
+        parse_openpi_request([1, 2])
     with pytest.raises(InvalidRequest, match="text frames"):
         openpi.unpack_frame("hello")
 
 
 def test_handshake_and_error_frame():
-    cfg = openpi.handshake_config()
+    cfg = openpi_frames.handshake_config()
     assert cfg == {
         "image_resolution": [180, 320], "n_external_cameras": 2, "needs_wrist_camera": True,
         "needs_stereo_camera": False, "needs_session_id": True, "action_space": "joint_position",
     }  # fmt: skip
-    assert tuple(cfg) == openpi.HANDSHAKE_KEYS
-    plain, extras = openpi.split_server_config({**cfg, "action_horizon": 24, "embodiment": "franka_pnp"})
+    assert tuple(cfg) == openpi_frames.HANDSHAKE_KEYS
+    plain, extras = openpi_frames.split_server_config({**cfg, "action_horizon": 24, "embodiment": "franka_pnp"})
     assert plain == cfg and extras == {"action_horizon": 24, "embodiment": "franka_pnp"}
-    frame = openpi.error_frame("Invalid request payload", code="invalid_request")
+    frame = openpi_frames.error_frame("Invalid request payload", code="invalid_request")
     back, _ = openpi.unpack_frame(openpi.pack_frame(frame))
     assert openpi.is_error_frame(back) and back["message"] == "Invalid request payload"
     assert not openpi.is_error_frame({"actions": 1})
@@ -316,12 +320,12 @@ def test_handshake_and_error_frame():
 def test_openpi_rtc_and_continuity_keys_are_control_keys_with_checked_values():
     prefix = np.zeros((3, 8), np.float32)
     msg = _droid_msg(rtc_prefix_len=[3], rtc_exec_horizon=[8], action_prefix=prefix[None], expected_steps=[2])
-    req = openpi.parse_openpi_request(openpi.unpack_frame(openpi.pack_frame(msg))[0])
-    assert (req.rtc_prefix_len, req.rtc_exec_horizon, req.expected_step) == (3, 8, 2)
-    assert req.action_prefix.shape == (3, 8) and "action_prefix" not in req.observation
+    req = parse_openpi_request(openpi.unpack_frame(openpi.pack_frame(msg))[0])
+    assert (req.rows.rtc_prefix_len, req.rows.rtc_exec_horizon, req.rows.expected_steps) == ([3], [8], [2])
+    assert req.rows.action_prefix[0].shape == (3, 8) and "action_prefix" not in req.observation
     with pytest.raises(InvalidObservation) as err:
-        openpi.parse_openpi_request(_droid_msg(rtc_prefix_len=[-1]))
+        parse_openpi_request(_droid_msg(rtc_prefix_len=[-1]))
     assert err.value.field.startswith("rtc_prefix_len")
     with pytest.raises(InvalidObservation) as err:
-        openpi.parse_openpi_request(_droid_msg(action_prefix=np.full((1, 2, 8), np.nan, np.float32)))
+        parse_openpi_request(_droid_msg(action_prefix=np.full((1, 2, 8), np.nan, np.float32)))
     assert err.value.field.startswith("action_prefix")

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from deployments.calls import BY_REFERENCE_MIN_BYTES, Transport, arrays_bytes
+from deployments.config.settings import GraphSettings
 from deployments.preprocess import load_embodiment, preprocess_request
-from deployments.settings import GraphSettings
+from deployments.requests.generations import GenerationRequest, parse_generation_request
 from deployments.stages import RawStages, array_bytes, observation_bytes
 from dreamzero.errors import ConfigError, InvalidObservation
 from dreamzero_client.wire import generations
@@ -42,10 +43,10 @@ class Counting:
         self.seen.append(tags)
 
 
-def raw_request(t: int = 1, b: int = 1, obs: dict | None = None) -> generations.GenerationRequest:
+def raw_request(t: int = 1, b: int = 1, obs: dict | None = None) -> GenerationRequest:
     obs = droid_raw_observation(b, t) if obs is None else obs
     body = generations.build_request_body(obs, ["pick up the cup"] * b, [f"s{i}" for i in range(b)])
-    return generations.parse_generation_request(body, "openpi")
+    return parse_generation_request(body, "openpi")
 
 
 def stages(args: dict, metrics=None) -> tuple[RawStages, RecordingHandle, RecordingHandle]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.sections import AutoscalingArgs, PolicyArgs
+from deployments.config.sections import AutoscalingArgs, PolicyArgs
 from dreamzero.embedded_default import resolve_model_path
 from serve_graph.config import parse_app_args
 

@@ -17,7 +17,7 @@ pytest.importorskip("pyarrow")
 
 from dreamzero.lerobot_dataset import LeRobotDataset
 from dreamzero_client.errors import ConfigError
-from dreamzero_client.recording import DatasetRecorder, episode_marks
+from dreamzero_droid.lerobot import DatasetRecorder, episode_marks
 
 CAM = "observation.images.front"
 
@@ -77,7 +77,7 @@ def test_a_client_killed_mid_episode_leaves_a_valid_dataset(tmp_path):
     root = tmp_path / "ds"
     script = textwrap.dedent(f"""
         import os, numpy as np
-        from dreamzero_client.recording import DatasetRecorder
+        from dreamzero_droid.lerobot import DatasetRecorder
         rec = DatasetRecorder({str(root)!r}, fps=10)
         for e in range(2):
             rec.begin_episode("reach")

@@ -10,6 +10,8 @@ import pytest
 
 from deployments.batch_merge import merge_batches, stack_key
 from deployments.preprocess import normalised_batch
+from deployments.requests.generations import parse_generation_request
+from deployments.requests.rldx import parse_get_action, parse_options, parse_request
 from dreamzero.types import ModelBatch
 from dreamzero_client.errors import InvalidObservation, InvalidRequest
 from dreamzero_client.wire import codec, generations, rldx
@@ -53,15 +55,15 @@ def test_pickled_arrays_and_garbage_are_refused():
 
 
 def test_request_envelope():
-    req = rldx.parse_request({"data": {"observation": {}}, "api_token": "t"})
+    req = parse_request({"data": {"observation": {}}, "api_token": "t"})
     assert req.endpoint == "get_action" and req.api_token == "t"  # RLDX-1: a missing endpoint means get_action
-    assert rldx.parse_request({"endpoint": "ping"}).data == {}
+    assert parse_request({"endpoint": "ping"}).data == {}
     with pytest.raises(InvalidRequest, match="Unknown endpoint"):
-        rldx.parse_request({"endpoint": "format_disk"})
+        parse_request({"endpoint": "format_disk"})
     with pytest.raises(InvalidObservation, match="'data' must be a map"):
-        rldx.parse_request({"endpoint": "reset", "data": [1]})
+        parse_request({"endpoint": "reset", "data": [1]})
     with pytest.raises(InvalidRequest, match="a request is a map"):
-        rldx.parse_request([1, 2])
+        parse_request([1, 2])
 
 
 def _obs(b=2, t=4, lang=True):
@@ -77,26 +79,26 @@ def _obs(b=2, t=4, lang=True):
 
 def test_get_action_observation_and_defaults():
     key = "annotation.language.language_instruction"
-    req = rldx.parse_get_action({"observation": _obs(), "options": None}, key)
-    assert req.language_key == key and req.prompts == ["task 0", "task 1"]
+    req = parse_get_action({"observation": _obs(), "options": None}, key)
+    assert req.language_key == key and req.rows.prompts == ["task 0", "task 1"]
     assert req.observation["state.joint_position"].shape == (2, 7)  # (B, T, D): the current (last) step
     assert float(req.observation["state.joint_position"][0, 0]) == 3.0
     assert req.observation["video.exterior_image_1_left"].shape == (2, 4, 8, 8, 3)
-    assert req.options.session_ids == ["default_0", "default_1"]  # RLDX-1's default ids
-    assert req.options.reset_mask == [False, False] and req.options.action_prefix is None
-    no_lang = rldx.parse_get_action({"observation": {**_obs(lang=False), "task": ["a", "b"]}})
-    assert no_lang.prompts == ["a", "b"]
+    assert req.rows.session_ids == ["default_0", "default_1"]  # RLDX-1's default ids
+    assert req.rows.reset_mask == [False, False] and req.rows.action_prefix is None
+    no_lang = parse_get_action({"observation": {**_obs(lang=False), "task": ["a", "b"]}})
+    assert no_lang.rows.prompts == ["a", "b"]
 
 
 def test_get_action_options_rtc_and_continuity():
     prefix = np.ones((4, 8), np.float32)
-    opts = rldx.parse_options(
+    opts = parse_options(
         {"session_ids": ["a", "b"], "reset_memory": [True, False], "action_prefix": prefix, "rtc_prefix_len": 4,
-         "expected_incarnations": ["abc", None], "expected_steps": [3, None]}, 2)  # fmt: skip
+         "expected_incarnations": ["abc", None], "expected_steps": [3, None]}, ["", ""])  # fmt: skip
     assert opts.reset_mask == [True, False] and opts.rtc_prefix_len == [4, 4]
     assert len(opts.action_prefix) == 2 and opts.action_prefix[1].shape == (4, 8)
     assert opts.expected_incarnations == ["abc", None] and opts.expected_steps == [3, None]
-    per_row = rldx.parse_options({"action_prefix": np.ones((2, 3, 8))}, 2)
+    per_row = parse_options({"action_prefix": np.ones((2, 3, 8))}, ["", ""])
     assert per_row.action_prefix[0].shape == (3, 8)
     for bad, field in (
         ({"session_ids": ["a"]}, "options.session_ids"),
@@ -106,7 +108,7 @@ def test_get_action_options_rtc_and_continuity():
         ({"action_prefix": np.full((4, 8), np.nan)}, "options.action_prefix"),
     ):
         with pytest.raises(InvalidObservation) as err:
-            rldx.parse_options(bad, 2)
+            parse_options(bad, ["", ""])
         assert err.value.field == field, (bad, err.value.field)
 
 
@@ -114,10 +116,10 @@ def test_get_action_shape_errors_name_the_key():
     obs = _obs()
     obs["video.exterior_image_1_left"] = np.zeros((2, 8, 8, 3), np.uint8)
     with pytest.raises(InvalidObservation) as err:
-        rldx.parse_get_action({"observation": obs})
+        parse_get_action({"observation": obs})
     assert err.value.field == "observation.video.exterior_image_1_left"
     with pytest.raises(InvalidObservation, match="state"):
-        rldx.parse_get_action({"observation": {"video.x": np.zeros((1, 1, 2, 2, 3), np.uint8)}})
+        parse_get_action({"observation": {"video.x": np.zeros((1, 1, 2, 2, 3), np.uint8)}})
 
 
 # --- RTC fields on the HTTP wire ------------------------------------------------------------------------------------
@@ -134,15 +136,15 @@ def test_http_rtc_parameters_parse_per_row_or_broadcast():
     # through the real codec, as a client would send it
     blob, ctype = codec.encode_body(body, codec.OPENPI)
     obj, flavour = codec.decode_body(blob, ctype)
-    req = generations.parse_generation_request(obj, flavour)
-    assert req.rtc_prefix_len == [4, 4] and req.rtc_exec_horizon == [8, None]
-    assert req.action_prefix[0].shape == (4, 32) and req.action_prefix[1] is None
+    req = parse_generation_request(obj, flavour)
+    assert req.rows.rtc_prefix_len == [4, 4] and req.rows.rtc_exec_horizon == [8, None]
+    assert req.rows.action_prefix[0].shape == (4, 32) and req.rows.action_prefix[1] is None
     batch = normalised_batch(req)
     assert batch.rtc_prefix_len == [4, 4] and batch.action_prefix[0].dtype == np.float64
-    broadcast = generations.parse_generation_request(_http_body(action_prefix=np.zeros((3, 8))))
-    assert [p.shape for p in broadcast.action_prefix] == [(3, 8), (3, 8)]
-    json_lists = generations.parse_generation_request(_http_body(action_prefix=[[[0.0] * 8] * 2, [[1.0] * 8] * 3]))
-    assert [p.shape for p in json_lists.action_prefix] == [(2, 8), (3, 8)]  # ragged rows as JSON lists
+    broadcast = parse_generation_request(_http_body(action_prefix=np.zeros((3, 8))))
+    assert [p.shape for p in broadcast.rows.action_prefix] == [(3, 8), (3, 8)]
+    json_lists = parse_generation_request(_http_body(action_prefix=[[[0.0] * 8] * 2, [[1.0] * 8] * 3]))
+    assert [p.shape for p in json_lists.rows.action_prefix] == [(2, 8), (3, 8)]  # ragged rows as JSON lists
 
 
 @pytest.mark.parametrize(
@@ -161,7 +163,7 @@ def test_http_rtc_parameters_errors_name_the_field(params, field):
     body = _http_body()
     body["parameters"].update(params)
     with pytest.raises(InvalidObservation) as err:
-        generations.parse_generation_request(body)
+        parse_generation_request(body)
     assert err.value.field == field
 
 

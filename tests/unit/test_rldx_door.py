@@ -12,13 +12,13 @@ import msgpack
 import numpy as np
 import pytest
 
+from deployments.config.sections import ReplayArgs
+from deployments.config.settings import PolicySettings
 from deployments.doors.zmq import ZmqDoor
 from deployments.graph_runner import GraphRunner
 from deployments.policy import PolicyDeployment
 from deployments.postprocess import PostprocessDeployment
 from deployments.preprocess import PreprocessDeployment
-from deployments.sections import ReplayArgs
-from deployments.settings import PolicySettings
 from dreamzero.embodiments import get_embodiment
 from dreamzero_client.errors import AuthenticationError, ReplyTimeout
 from dreamzero_client.zmq_client import ZmqPolicyClient

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from deployments.config.sections import ReplayArgs
+from deployments.config.settings import PolicySettings
 from deployments.policy import PolicyDeployment
 from deployments.replay import ReplayPipeline
-from deployments.sections import ReplayArgs
-from deployments.settings import PolicySettings
 from dreamzero.embodiments import get_embodiment
 from dreamzero.errors import ConfigError
 from dreamzero.types import ModelBatch

@@ -10,8 +10,10 @@ from dreamzero.embodiments import get_embodiment
 from dreamzero.errors import InvalidObservation, InvalidRequest
 from dreamzero.policy import EmbeddedPolicy
 from tests.unit.embodiment_fixtures import droid_metadata, droid_observation
-from tests.unit.test_pipeline import make_batch, make_model, make_pipe, one_thread  # noqa: F401 (fixture)
+from tests.unit.test_pipeline import make_batch, make_model, make_pipe
 from tests.unit.test_policy import ScriptedPipeline, scripted_chunk
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from deployments.auth import tenant_from_header, tenant_from_token
-from deployments.sections import TenantsArgs
+from deployments.config.sections import TenantsArgs
 from deployments.tenant_ledger import TenantLedger
 from deployments.tenants import (
     DEFAULT_TENANT,
@@ -104,7 +104,8 @@ def test_app_args_check_the_table_and_hash_the_legacy_key(tmp_path):
     for args, needle in (
         ({"api_keys": {"team-a": A_KEY}}, "args.api_keys: team-a: give the key's digest"),
         ({"api_key": "x", "api_keys": {"default": key_digest("y")}}, "names too; drop one of them"),
-        ({"api_keys": TABLE, "api_keys_file": str(tmp_path)}, "args.api_keys_file: "),
+        ({"api_keys": TABLE, "api_keys_file": str(tmp_path)}, "args.args: give api_keys or api_keys_file, not both"),
+        ({"api_keys_file": str(tmp_path)}, "args.api_keys_file: "),  # the files are checked once the values agree
         ({"tenants": {"per_tenant": {"Bad": {}}}}, "args.tenants.per_tenant: tenant name 'Bad'"),
         ({"tenants": {"quota": {"requests_per_s": 0}}}, "args.tenants.quota.requests_per_s"),
     ):

@@ -34,6 +34,8 @@ from dreamzero.train.trainer import LATEST_FILE, STATE_FILE, TrainConfig, Traine
 from dreamzero.types import ModelBatch
 from tests.unit.train_fixtures import write_synthetic_dataset
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
@@ -52,14 +54,6 @@ def ray_cluster(tmp_path_factory):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield
     ray.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _cfg(dataset, out, **kw) -> TrainConfig:

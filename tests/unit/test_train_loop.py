@@ -17,18 +17,12 @@ from dreamzero.train.objective import EncodedBatch, encode_clips
 from dreamzero.train.trainer import LATEST_FILE, LOG_FILE, STATE_FILE, TrainConfig, Trainer
 from tests.unit.train_fixtures import write_synthetic_dataset
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
     return write_synthetic_dataset(tmp_path_factory.mktemp("train_loop") / "ds", length=60)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny model is latency bound; extra threads only contend
-    yield
-    torch.set_num_threads(before)
 
 
 def _cfg(dataset, out, **kw) -> TrainConfig:

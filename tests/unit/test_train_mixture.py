@@ -17,19 +17,13 @@ from dreamzero.train.mixture import parse_dataset_arg, read_mixture_spec
 from dreamzero.train.trainer import LATEST_FILE, TrainConfig, Trainer
 from tests.unit.train_fixtures import write_franka_pnp_dataset, write_synthetic_dataset
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
+
 
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory):
     root = tmp_path_factory.mktemp("mixture")
     return write_synthetic_dataset(root / "droid", length=60), write_franka_pnp_dataset(root / "franka", length=60)
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _cfg(datasets, out, weights=(3.0, 1.0), **kw) -> TrainConfig:

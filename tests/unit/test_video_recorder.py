@@ -7,9 +7,9 @@ import asyncio
 import numpy as np
 import pytest
 
+from deployments.config.sections import VideoArgs
+from deployments.config.settings import PolicySettings
 from deployments.policy import PolicyDeployment
-from deployments.sections import VideoArgs
-from deployments.settings import PolicySettings
 from dreamzero.types import ModelBatch
 from dreamzero.video_recorder import VideoRecorder, read_mp4
 

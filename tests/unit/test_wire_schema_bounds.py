@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 import serve_graph.wire_schema as wire_schema
+from deployments.requests.rows import continuity_fields
 from dreamzero_client.errors import InvalidRequest
 from dreamzero_client.wire import generations
-from dreamzero_client.wire.generations import continuity_fields
 
 
 def _params(name: str) -> dict:

@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 import zmq
 
+from deployments.doors.zmq import curve_allowed_clients
+from dreamzero.zmq_keys_cli import main as zmq_keys_main
+from dreamzero.zmq_keys_cli import make_key_pair
 from dreamzero_client.errors import ConfigError, SecureChannelError
 from dreamzero_client.zmq_client import ZmqPolicyClient
-from dreamzero_client.zmq_keys import main as zmq_keys_main
-from dreamzero_client.zmq_keys import make_key_pair, read_public_key, read_secret_key
+from dreamzero_client.zmq_keys import read_public_key, read_secret_key
 from serve_graph.config import parse_app_args
 from tests.rldx_support import RldxShapedClient, droid_rldx_observation
 from tests.unit.lerobot_fixtures import DROID_MODALITY, random_episodes, write_v2
@@ -161,7 +163,9 @@ def test_zmq_curve_config_errors_name_the_field(keys, tmp_path, monkeypatch):
             parse_app_args({"zmq": {"port": 5555, "curve": curve}})
         assert "args.zmq.curve" in str(bad.value) and message in str(bad.value), (name, str(bad.value))
     ok = parse_app_args({"zmq": {"curve": {"secret_key_file": str(secret), "client_keys_dir": str(pub.parent)}}})
-    assert ok.zmq.curve.allowed_clients() == {read_public_key(keys[n][0], n) for n in ("server", "robot", "stranger")}
+    assert curve_allowed_clients(ok.zmq.curve) == {
+        read_public_key(keys[n][0], n) for n in ("server", "robot", "stranger")
+    }
     _, secret_key = read_secret_key(secret, "server")
     assert secret_key.decode() not in repr(ok.model_dump())  # the settings carry the file's path, never the key
     with pytest.raises(ConfigError, match="client_key_file: CURVE needs the server's public key too"):

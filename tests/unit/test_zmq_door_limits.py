@@ -13,13 +13,13 @@ import msgpack
 import pytest
 
 import deployments.doors.zmq as zmq_door
+from deployments.config.sections import ReplayArgs
+from deployments.config.settings import PolicySettings
 from deployments.doors.zmq import ZmqDoor, ZmqIngressDeployment
 from deployments.graph_runner import GraphRunner
 from deployments.policy import PolicyDeployment
 from deployments.postprocess import PostprocessDeployment
 from deployments.preprocess import PreprocessDeployment
-from deployments.sections import ReplayArgs
-from deployments.settings import PolicySettings
 from deployments.tenants import key_digest
 from dreamzero_client.wire import rldx
 from serve_graph.builder import zmq_door_settings

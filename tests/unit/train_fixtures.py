@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from eval.mujoco_droid.lerobot_writer import Episode, write_dataset
+from dreamzero_droid.lerobot import Episode, write_dataset
 from eval.mujoco_droid.record import MODALITY, VIDEO_FEATURES
 
 TASK = "put the cube in the bowl"
