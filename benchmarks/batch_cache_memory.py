@@ -6,7 +6,7 @@ ended: the budget priced that as 3 x rows x a session's KV for a multi-row call,
 stacked when the DiT reaches a layer and a prefill's new layer goes back to the sessions at once
 (dreamzero/pipeline/batch_cache.py), so the copies are a few layers' worth (`batch_kv_transient`).
 
-The measure (tests/kv_memory_support.py): the live bytes that the call's operators allocate, tracked per storage
+The measure (tests/support/kv_memory.py): the live bytes that the call's operators allocate, tracked per storage
 under a `TorchDispatchMode`, peak above the larger of the sessions' own bytes before and after the call, on the
 last chunk before the window is full of `rows` sessions of a KV-dominated model (tiny DiT, 8 layers, dim 256, a
 17-frame window of 32 tokens, fp32). "KV copies" counts the K/V-shaped tensors only (the caches, their stacked rows,
@@ -33,7 +33,7 @@ from serving_common import machine_line, write_section
 from dreamzero.config import preset
 from dreamzero.pipeline.batch_cache import batch_kv_transient
 from dreamzero.sessions import session_footprint
-from tests.kv_memory_support import kv_dominated_model, last_chunk_transient
+from tests.support.kv_memory import kv_dominated_model, last_chunk_transient
 
 MB = 1e6
 GIB = 2**30
@@ -106,7 +106,7 @@ def main() -> None:
     body = "\n\n".join(
         [
             "A model call's KV cache copies: the most bytes live at once beyond the sessions' own caches, on the last "
-            "chunk before the window is full, measured on CPU per storage (tests/kv_memory_support.py) on a "
+            "chunk before the window is full, measured on CPU per storage (tests/support/kv_memory.py) on a "
             "KV-dominated model (tiny DiT, 8 layers, dim 256, a 17-frame window of 32 tokens, fp32). Before: whole "
             "caches stacked, prefilled and cloned per call, measured at the commit before the change; now: one layer "
             "at a time (dreamzero/pipeline/batch_cache.py).",

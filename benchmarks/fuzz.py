@@ -1,6 +1,6 @@
 """Fuzz the wire protocol and the Franka safety layer; report crashes as a table.
 
-Offline (default): every target of `tests/unit/fuzz_targets.py` (the strategies the unit tests use) with 10,000
+Offline (default): every target of `tests/support/fuzz.py` (the strategies the unit tests use) with 10,000
 examples each, derandomized. A crash is any exception other than the project's typed errors (`DreamZeroError`) or a
 broken invariant (`AssertionError`); crashes are grouped by exception type and the line that raised it.
 
@@ -43,7 +43,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from dreamzero_client.wire import codec, generations, openpi, routes
-from tests.unit import fuzz_targets as ft
+from tests.support import fuzz as ft
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 CALL_TIMEOUT_S = 120.0

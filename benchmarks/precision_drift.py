@@ -1,6 +1,6 @@
 """Action drift of each reduced-precision or off-GPU option against fp32 and bf16, in normalised action units.
 
-Options (tests/precision_support.py): the bf16 model; fp8 DiT weights (`dreamzero.model.fp8`, the default rule: the
+Options (tests/support/precision.py): the bf16 model; fp8 DiT weights (`dreamzero.model.fp8`, the default rule: the
 Linear layers of the transformer blocks) with fp32 or bf16 activations; fp8 on every Linear of the DiT (to check the
 rule); the text encoder as the CPU placement runs it (unpadded, bf16). Measured on:
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from serving_common import machine_line, write_section
 
-from tests.precision_support import (
+from tests.support.precision import (
     BF16,
     OPTIONS,
     Diff,

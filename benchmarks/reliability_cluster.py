@@ -19,7 +19,7 @@ import httpx
 from reliability_stats import prometheus_values
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ of the repository
-from tests.host_support import free_port, kill_leftovers, pids_using
+from tests.support.host import free_port, kill_leftovers, pids_using
 
 APP = "dzrel"
 IMPORT_PATH = "serve_graph.builder:build_app"

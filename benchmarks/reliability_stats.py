@@ -1,6 +1,6 @@
 """The pure parts of `benchmarks/reliability.py`: scenario selection, latency summaries, the session-continuity
 ledger, RSS drift, Prometheus text and recovery time. No Ray, no server: unit-tested in
-tests/unit/test_reliability_script.py.
+tests/unit/benchmarks/test_reliability_script.py.
 """
 
 from __future__ import annotations

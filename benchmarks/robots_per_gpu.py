@@ -16,7 +16,7 @@ of actions). N doubles until a fleet misses; the largest N that kept pace is the
     python benchmarks/robots_per_gpu.py --preset tiny --robots 1,2 --chunks 3 --json out.json
 
 `scripts/gpu-check.sh` runs it for the 14B and the 5B (`--results FILE`: each N's line appended as soon as it is
-measured); CI runs it on the tiny preset (tests/unit/test_robots_per_gpu.py).
+measured); CI runs it on the tiny preset (tests/unit/benchmarks/test_robots_per_gpu.py).
 """
 
 from __future__ import annotations

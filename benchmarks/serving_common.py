@@ -16,7 +16,7 @@ import numpy as np
 from dreamzero_client.wire import codec, generations
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: tests/ of the repository
-from tests.host_support import free_port
+from tests.support.host import free_port
 
 GEN = "/v1/actions/generations"
 MSGPACK = {"content-type": "application/msgpack", "accept": "application/msgpack"}

@@ -29,7 +29,7 @@ else
   # LIBERO's config.yaml in our cache (no prompt on import), pointing at the installed assets: runs need no network
   .venv/bin/python -m eval.libero.offline
 fi
-# openpi-client is only the reference that tests/unit/test_client_image_tools.py compares our numpy resize_with_pad
+# openpi-client is only the reference that tests/unit/droid_runtime/test_image_tools.py compares our numpy resize_with_pad
 # with, bit for bit; without its dependencies (its image_tools needs only numpy and pillow, from the sim extra)
 .venv/bin/pip install -q --no-deps "openpi-client==0.1.2"
 # Headless rendering for the MuJoCo scenes (Mesa EGL); best effort, the libraries are usually already present.

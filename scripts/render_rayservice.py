@@ -24,7 +24,8 @@ What goes where (docs/serving.md, "Kubernetes"):
                          and reads the statistics and tokenizer) on whichever node it picks.
 
 Only pyyaml is needed. The args are not validated here (their paths exist in the cluster, not on this machine):
-`serve run` validates them at start; tests/unit/test_rayservice_manifest.py validates the rendered shipped config.
+`serve run` validates them at start; tests/unit/scripts/test_rayservice_manifest.py validates the rendered shipped
+config.
 """
 
 from __future__ import annotations

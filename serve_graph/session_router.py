@@ -22,7 +22,7 @@ robots mid-episode and a dead replica's sessions restarted twice (on a survivor,
    are placed again, once, on survivors; the Policy replica flags them restarted (`new_session` / `step_mismatch`).
 
 Ray APIs used here that are alpha or private, pinned by `ray[serve]==2.60.*` and checked by
-`tests/unit/test_session_router.py::test_ray_router_api_is_what_we_build_on`:
+`tests/unit/serve_graph/test_session_router.py::test_ray_router_api_is_what_we_build_on`:
 - `ray.serve.request_router.RequestRouter` / `RunningReplica.routing_stats` / `PendingRequest.metadata.session_id`
   (the request-router API, alpha);
 - `ray.serve.experimental.consistent_hash_router.ConsistentHashRouter`, subclassed for its routing loop, which keeps

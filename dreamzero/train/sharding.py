@@ -103,7 +103,7 @@ def shard_dit(dit: nn.Module, device: torch.device, compute_dtype: torch.dtype |
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     # the DiT never writes into a block's output in place (what the warning is about): single-process equality of
-    # the sharded steps is tested (tests/unit/test_train_distributed.py)
+    # the sharded steps is tested (tests/unit/train/test_distributed.py)
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(\w+\) returned a view tensor")
     mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)

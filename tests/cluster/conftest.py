@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.host_support import free_port, kill_leftovers
+from tests.support.host import free_port, kill_leftovers
 
 APP = "dz"
 IMPORT_PATH = "serve_graph.builder:build_app"

@@ -19,7 +19,7 @@ import pytest
 from websockets.sync.client import connect
 
 from tests.cluster.conftest import FRONT_DOOR_ARGS, TENANT_KEYS
-from tests.graph.helpers import normalised_body
+from tests.support.request_builders import normalised_body
 
 pytestmark = pytest.mark.cluster
 

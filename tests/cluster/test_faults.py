@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.cluster.conftest import APP, BASE_ARGS, wait_replicas
-from tests.graph.helpers import decode, raw_body
+from tests.support.request_builders import decode, raw_body
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -106,7 +106,7 @@ def test_an_ingress_killed_under_load_never_surfaces_a_500_to_our_client(serve_c
     import ray
 
     from dreamzero_client.http_client import ActionClient
-    from tests.graph.helpers import droid_raw_observation
+    from tests.support.request_builders import droid_raw_observation
 
     base = serve_cluster[0]
     ensure_app(ARGS, 1)

@@ -9,7 +9,7 @@ import pytest
 
 from dreamzero_client.wire import codec
 from tests.cluster.conftest import AUTH, METRICS_URL
-from tests.graph.helpers import decode, normalised_body, raw_body
+from tests.support.request_builders import decode, normalised_body, raw_body
 
 pytestmark = pytest.mark.cluster
 

@@ -19,8 +19,8 @@ import yaml
 
 from tests.cluster import conftest
 from tests.cluster.conftest import APP, BASE_ARGS, DEPLOY_TIMEOUT_S, wait_deployed, wait_healthy, wait_replicas
-from tests.e2e.serve_process import ROOT
-from tests.graph.helpers import decode, normalised_body
+from tests.support.request_builders import decode, normalised_body
+from tests.support.serve_process import ROOT
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -21,8 +21,8 @@ from websockets.sync.client import connect
 from deployments.requests import openpi as openpi_frames
 from dreamzero_client.wire import codec, generations, openpi
 from tests.cluster.conftest import API_KEY, AUTH, TENANT_KEYS
-from tests.graph.helpers import decode, droid_raw_observation, normalised_body, normalised_observation
 from tests.support.observations import openpi_droid_observation
+from tests.support.request_builders import decode, droid_raw_observation, normalised_body, normalised_observation
 
 pytestmark = pytest.mark.cluster
 

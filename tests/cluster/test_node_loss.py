@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.host_support import free_port
-from tests.node_support import two_node_cluster
+from tests.support.host import free_port
+from tests.support.ray_nodes import two_node_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -197,8 +197,8 @@ def _drive(address: str, head_dir: str, lost_dir: str, out: str) -> None:
 
     from dreamzero_client.http_client import ActionClient
     from serve_graph.builder import build_app
-    from tests.graph.helpers import droid_raw_observation
-    from tests.node_support import kill_node
+    from tests.support.ray_nodes import kill_node
+    from tests.support.request_builders import droid_raw_observation
 
     ray.init(address=address, log_to_driver=False, _temp_dir=head_dir)  # the head's raylet, not the one to lose
     labels = {node["NodeID"]: ("head" if "head" in node["Resources"] else "lost") for node in ray.nodes()}

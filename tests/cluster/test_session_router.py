@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.cluster.conftest import APP, BASE_ARGS, METRICS_URL, wait_replicas
-from tests.graph.helpers import decode, normalised_body
+from tests.support.request_builders import decode, normalised_body
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

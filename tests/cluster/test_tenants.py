@@ -16,10 +16,10 @@ from websockets.sync.client import connect
 from dreamzero_client.wire import openpi, rldx
 from tests.cluster import conftest
 from tests.cluster.conftest import APP, BASE_ARGS, DEPLOY_TIMEOUT_S, IMPORT_PATH, METRICS_URL, wait_deployed
-from tests.graph.helpers import decode, normalised_body
-from tests.host_support import free_port
-from tests.rldx_support import droid_rldx_observation
+from tests.support.host import free_port
 from tests.support.observations import openpi_droid_observation
+from tests.support.request_builders import decode, normalised_body
+from tests.support.rldx import droid_rldx_observation
 
 pytestmark = pytest.mark.cluster
 

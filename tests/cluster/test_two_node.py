@@ -11,7 +11,8 @@ the hook sees Python-level opens such as config.json; files read by native code,
 seen, which is why the control is config.json). An audit hook is used rather than /proc/<pid>/fd, which shows only
 files open at the instant it is read.
 
-The cluster is private: a temp dir and ports per node (tests/node_support.py); teardown kills exactly its processes.
+The cluster is private: a temp dir and ports per node (tests/support/ray_nodes.py); teardown kills exactly its
+processes.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.host_support import free_port
-from tests.node_support import two_node_cluster
+from tests.support.host import free_port
+from tests.support.ray_nodes import two_node_cluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -67,7 +68,7 @@ AUDIT_HOOK = textwrap.dedent(
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     """(GCS address, checkpoint folder, audit folder) of a private two-node cluster, torn down afterwards."""
-    from tests.unit.checkpoint_fixtures import write_tiny_layouts
+    from tests.support.checkpoints import write_tiny_layouts
 
     work = tmp_path_factory.mktemp("two-node")
     checkpoint = write_tiny_layouts(work / "ckpt")["hf"]
@@ -135,7 +136,7 @@ def _drive(address: str, checkpoint: str, out: str) -> None:
 
     from dreamzero_client.wire import codec, routes
     from serve_graph.builder import build_app
-    from tests.graph.helpers import content_type, decode, raw_body
+    from tests.support.request_builders import content_type, decode, raw_body
 
     ray.init(address=address, log_to_driver=False)
     http_port = free_port()

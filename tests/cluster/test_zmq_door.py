@@ -1,5 +1,5 @@
 """The ZeroMQ front door on a real single-node Ray cluster, driven by an RLDX-1-shaped REQ client
-(tests/rldx_support.py, its own codec), plus the served replay policy over HTTP, the OpenPI WebSocket and
+(tests/support/rldx.py, its own codec), plus the served replay policy over HTTP, the OpenPI WebSocket and
 ZMQ, and RTC fields end to end."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from dreamzero.embodiments import get_embodiment
 from dreamzero_client.wire import codec, generations
 from tests.cluster.conftest import API_KEY, AUTH, BASE_ARGS
 from tests.cluster.test_openpi_ws import connect, droid_frame, pack, recv
-from tests.graph.helpers import decode, droid_raw_observation
-from tests.host_support import free_port
-from tests.rldx_support import RldxShapedClient, droid_rldx_observation
-from tests.unit.lerobot_fixtures import DROID_MODALITY, random_episodes, write_v2
+from tests.support.host import free_port
+from tests.support.lerobot import DROID_MODALITY, random_episodes, write_v2
+from tests.support.request_builders import decode, droid_raw_observation
+from tests.support.rldx import RldxShapedClient, droid_rldx_observation
 
 pytestmark = pytest.mark.cluster
 

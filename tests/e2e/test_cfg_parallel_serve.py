@@ -23,8 +23,8 @@ import pytest
 import yaml
 
 from dreamzero_client.wire import codec, generations
-from tests.e2e.serve_process import ROOT, ServeRun
-from tests.graph.helpers import decode, normalised_observation
+from tests.support.request_builders import decode, normalised_observation
+from tests.support.serve_process import ROOT, ServeRun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

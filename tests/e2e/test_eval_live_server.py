@@ -16,7 +16,7 @@ from dreamzero_droid.policy import DroidPolicy
 from eval.cli import main
 from eval.mujoco_droid import MujocoDroidEnv
 from eval.runner import EvalConfig, run_evaluation
-from tests.e2e.serve_process import ServeRun
+from tests.support.serve_process import ServeRun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -2,7 +2,7 @@
 
 franky-sim binds the first free 127.x address on ports 1337 (robot) / 1338 (gripper) and prints it; the fixture
 reads it from stdout, and kills the simulator's process group when the module is done. The policy server is a small
-fake OpenPI WebSocket server (tests/franka_support.py) that records resets and session ids.
+fake OpenPI WebSocket server (tests/support/franka.py) that records resets and session ids.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.franka_support import FakeOpenPIServer
+from tests.support.franka import FakeOpenPIServer
 
 franky = pytest.importorskip("franky", reason="franky-control is not installed (./scripts/install.sh installs it)")
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.e2e.serve_process import ServeRun
 from tests.e2e.test_franka_franky_sim import franky_sim  # noqa: F401  (the simulator fixture, module scope)
-from tests.unit.franka_pnp_fixtures import TARGET, task_poses
+from tests.support.franka_pnp import TARGET, task_poses
+from tests.support.serve_process import ServeRun
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 

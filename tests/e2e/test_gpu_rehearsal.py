@@ -5,7 +5,7 @@ time a batch of 4 14B sessions, a 141 GiB one does); a compiled stage that times
 results file and in the written docs, marked incomplete; and the script failing on the defect a read of the GPU path
 found before any GPU run, when it is put back: `batching.max_batch_rows: null` (a batch as large as
 `sessions.max_sessions`) in the shipped config. (A compiled row that ran eager code, or an eager one compiled code,
-fails its stage: tests/unit/test_gpu_check_stages.py.)
+fails its stage: tests/unit/scripts/test_gpu_check_stages.py.)
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.serve_process import ServeRun
+from tests.support.serve_process import ServeRun
 
 pytestmark = [
     pytest.mark.e2e,

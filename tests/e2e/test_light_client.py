@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-from tests.e2e.serve_process import ROOT, ServeRun
-from tests.graph.test_robot_client import DEPENDENCIES, ROBOT_CLIENT_TESTS, TEST_LIBRARIES, client_test_closure
+from tests.house.test_robot_client import DEPENDENCIES, ROBOT_CLIENT_TESTS, TEST_LIBRARIES, client_test_closure
+from tests.support.serve_process import ROOT, ServeRun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PIP_TIMEOUT_S = 900

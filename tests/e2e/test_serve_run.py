@@ -17,10 +17,10 @@ import websockets
 from websockets.sync.client import connect as ws_connect
 
 from dreamzero_client.openpi_client import OpenPIClient
-from tests.e2e.serve_process import ServeRun
-from tests.graph.helpers import decode, raw_body
-from tests.host_support import pids_using
+from tests.support.host import pids_using
 from tests.support.observations import openpi_droid_observation
+from tests.support.request_builders import decode, raw_body
+from tests.support.serve_process import ServeRun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

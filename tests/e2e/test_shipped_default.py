@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from eval.cli import main
-from tests.e2e.serve_process import ROOT, ServeRun
+from tests.support.serve_process import ROOT, ServeRun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

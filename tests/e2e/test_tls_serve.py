@@ -4,7 +4,7 @@ with `zmq.curve` (the server's secret key in an environment variable of `serve r
 
 HTTPS and WSS round trips verify the certificate with the CA bundle; the TLS cases of the malformed-request corpus
 are refused with their exact client error through the real proxy (no CA bundle, an address the certificate does not
-name; the expired certificate is in tests/unit/test_client_tls.py, against the same uvicorn TLS setup: a proxy keeps
+name; the expired certificate is in tests/unit/client/test_tls.py, against the same uvicorn TLS setup: a proxy keeps
 one certificate for its life), and plain HTTP on the TLS port gets no answer. Over ZeroMQ a CURVE client with the
 allowed key round-trips, while a plain RLDX-1-shaped peer and an unknown key get no reply and the door serves on.
 """
@@ -23,12 +23,12 @@ from dreamzero_client.http_client import ActionClient
 from dreamzero_client.openpi_client import OpenPIClient
 from dreamzero_client.zmq_client import ZmqPolicyClient
 from dreamzero_client.zmq_keys import read_secret_key
-from tests.e2e.serve_process import ServeRun
-from tests.graph.helpers import droid_raw_observation
-from tests.host_support import free_port
-from tests.rldx_support import RldxShapedClient, droid_rldx_observation
+from tests.support.host import free_port
 from tests.support.observations import openpi_droid_observation
-from tests.tls_support import make_pki
+from tests.support.request_builders import droid_raw_observation
+from tests.support.rldx import RldxShapedClient, droid_rldx_observation
+from tests.support.serve_process import ServeRun
+from tests.support.tls import make_pki
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -21,8 +21,8 @@ from websockets.sync.client import connect as ws_connect
 from deployments.requests import openpi as openpi_frames
 from dreamzero_client.openpi_client import OpenPIClient
 from dreamzero_client.wire import openpi
-from tests.e2e.serve_process import ROOT, ServeRun
 from tests.support.observations import openpi_droid_observation
+from tests.support.serve_process import ROOT, ServeRun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -21,7 +21,7 @@ for a session start at one DiT step and minutes at the shipped eight, against se
 
 What each test shows, on CUDA / in the rehearsal:
   - tiny bf16 drift: the tiny model's bf16 actions stay within 0.2 relative L2 of fp32 over four chunks (CUDA's bf16
-    kernels / CPU's, which tests/unit/test_bf16_drift.py bounds tighter);
+    kernels / CPU's, which tests/unit/model/test_bf16_drift.py bounds tighter);
   - chunk at 8 and 16 steps: a continuing chunk with the 8-step DiT mask and with the DiT on all 16 steps, timed,
     of the 14B / of the 5B slice (the step plans run and are counted; the times are a CPU's);
   - batch sizes from the planner: the sizes the tier times for the real 14B on this device's memory (1, powers of
@@ -273,8 +273,8 @@ def models(request):
 
 # --- in-process tests -------------------------------------------------------------------------------------------------
 def test_tiny_bf16_drift_from_fp32_is_bounded():
-    # the CPU tests run the same comparison (tests/unit/test_bf16_drift.py, with bounds measured there)
-    from tests.drift_support import drift, tiny_chunks
+    # the CPU tests run the same comparison (tests/unit/model/test_bf16_drift.py, with bounds measured there)
+    from tests.support.drift import drift, tiny_chunks
 
     out = tiny_chunks(_device(), chunks=4)  # fp32 weights built on CPU, then copied to the device at each dtype
     found = []
@@ -593,7 +593,7 @@ def _slice_env() -> dict[str, str]:
 def _post(client, server, body: bytes):
     from dreamzero_client.wire import codec
     from dreamzero_client.wire.routes import GENERATIONS_PATH
-    from tests.graph.helpers import content_type
+    from tests.support.request_builders import content_type
 
     return client.post(
         server.url + GENERATIONS_PATH, content=body, headers={"content-type": content_type(codec.OPENPI)}
@@ -602,7 +602,7 @@ def _post(client, server, body: bytes):
 
 def _reply(r, server, form: str):
     from dreamzero_client.wire.replies import parse_actions_response
-    from tests.graph.helpers import decode
+    from tests.support.request_builders import decode
 
     assert r.status_code == 200, f"{form}: {r.status_code} {r.text[:500]}\n{server.log_tail()}"
     reply = parse_actions_response(decode(r.content))
@@ -613,7 +613,7 @@ def _reply(r, server, form: str):
 
 def _normalised_body(sid: str, hw: tuple[int, int]) -> bytes:
     from dreamzero_client.wire import codec, generations
-    from tests.graph.helpers import normalised_observation
+    from tests.support.request_builders import normalised_observation
 
     body = generations.build_request_body(normalised_observation(1, 1, hw), ["a formatted prompt"], [sid])
     return codec.encode_body(body, codec.OPENPI)[0]
@@ -680,9 +680,9 @@ def test_serve_run_14b_on_one_gpu_starts_as_the_readme_says(request, tmp_path):
     _require_ray()
     import httpx
 
-    from tests.e2e.serve_process import ServeRun
-    from tests.graph.helpers import raw_body
     from tests.support.observations import openpi_droid_observation
+    from tests.support.request_builders import raw_body
+    from tests.support.serve_process import ServeRun
 
     model = (os.environ.get("DREAMZERO_GPU_CHECK_MODEL") if ON_CUDA else None) or str(
         request.getfixturevalue("droid_checkpoint")
@@ -715,7 +715,7 @@ def test_serve_run_5b_full_weights_starts_as_libero_and_answers_every_form(tmp_p
     _require_ray()
     import httpx
 
-    from tests.e2e.serve_process import ServeRun
+    from tests.support.serve_process import ServeRun
 
     args = _gpu_args(model_path=str(libero_checkpoint))
     with ServeRun(tmp_path, args=args, config=SERVE_CONFIG, gpus=1, env=_slice_env()) as server:
@@ -738,7 +738,7 @@ def test_serve_run_5b_full_weights_starts_as_libero_and_answers_every_form(tmp_p
 
 def _error_message(r) -> str:
     from dreamzero_client.wire.replies import parse_error_body
-    from tests.graph.helpers import decode
+    from tests.support.request_builders import decode
 
     try:
         body = r.json()
@@ -763,7 +763,7 @@ def test_serve_run_admits_sessions_until_the_budget_is_full_then_503(tmp_path):
     from dreamzero.embedded_default import resolve_model_path
     from dreamzero.pipeline import DreamZeroPipeline
     from dreamzero.pipeline.budget import warmup_canvas_hw
-    from tests.e2e.serve_process import ServeRun
+    from tests.support.serve_process import ServeRun
 
     shipped = _shipped_args()
     pipe = DreamZeroPipeline.load(resolve_model_path(shipped["model_path"]), device="cpu", dtype=torch.bfloat16)
@@ -803,7 +803,7 @@ def _fill_then_refuse(client, server, ids: list[str], attempt: int) -> bool:
     """Open `ids` (one raw-form session per request, sequentially: the budget holds exactly these), continue each once,
     then one round: a call of ids[0], the newcomer while it runs, and a call of every id; True when the newcomer got
     503 (asserting what it and the others got), False when it was not refused (the round's timing missed)."""
-    from tests.graph.helpers import decode, raw_body
+    from tests.support.request_builders import decode, raw_body
 
     steps, rtt = {}, []
     for sid in ids:  # the budget holds them all: nobody is evicted

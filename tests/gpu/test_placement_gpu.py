@@ -1,7 +1,7 @@
 """Components off the GPU on a real CUDA device (marked `gpu`; the CPU rehearsal cannot show devices or the
 allocator, so these skip there): a CPU-placed encoder never touches the GPU, the offloaded text encoder holds one or
 two blocks on the GPU during an encode and gives the resident encoder's rows. The CPU-side logic and the numbers are
-covered by tests/unit/test_placement.py."""
+covered by tests/unit/planner/test_placement.py."""
 
 from __future__ import annotations
 

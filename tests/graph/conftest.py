@@ -13,8 +13,8 @@ GRAPH_ARGS = {
 
 @pytest.fixture(scope="module")
 def graph():
-    """An HTTP client of the graph (tests.graph.helpers.served_over_http)."""
-    from tests.graph.helpers import served_over_http
+    """An HTTP client of the graph (tests.support.request_builders.served_over_http)."""
+    from tests.support.request_builders import served_over_http
 
     with served_over_http(GRAPH_ARGS, "graph-test") as client:
         yield client

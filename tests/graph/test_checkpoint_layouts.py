@@ -8,8 +8,8 @@ import pytest
 
 from dreamzero_client.wire import codec
 from tests.graph.conftest import GRAPH_ARGS
-from tests.graph.helpers import content_type, post_generation, raw_body, served_over_http
-from tests.unit.checkpoint_fixtures import write_tiny_layouts
+from tests.support.checkpoints import write_tiny_layouts
+from tests.support.request_builders import content_type, post_generation, raw_body, served_over_http
 
 PRESET = {"hf": None, "full_weights": "tiny", "diffusers": None}
 

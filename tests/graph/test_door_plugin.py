@@ -30,9 +30,9 @@ from dreamzero_client.wire import codec, openpi, rldx
 from serve_graph.builder import ingress_settings, zmq_door_settings
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
-from tests.graph.helpers import LocalHandle, normalised_body
-from tests.rldx_support import droid_rldx_observation
 from tests.support.observations import openpi_droid_observation
+from tests.support.request_builders import LocalHandle, normalised_body
+from tests.support.rldx import droid_rldx_observation
 
 TEST_PATH = "/test/actions"
 

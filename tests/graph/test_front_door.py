@@ -24,8 +24,8 @@ from dreamzero_client.wire import codec, openpi
 from serve_graph.builder import ingress_settings
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
-from tests.graph.helpers import LocalHandle, decode, normalised_body
 from tests.support.observations import openpi_droid_observation
+from tests.support.request_builders import LocalHandle, decode, normalised_body
 
 KEY = "front-door-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dreamzero_client.wire import codec
-from tests.graph.helpers import content_type, decode, normalised_body, post_generation, raw_body
+from tests.support.request_builders import content_type, decode, normalised_body, post_generation, raw_body
 
 
 def call(graph, body: bytes, flavour: str = codec.OPENPI, ctype: str | None = None):

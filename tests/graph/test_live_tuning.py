@@ -80,7 +80,7 @@ def test_replica_counts_under_args_are_found_and_the_shipped_config_has_none():
     import yaml
 
     from serve_graph.builder import replica_counts_in_args
-    from tests.e2e.serve_process import ROOT
+    from tests.support.serve_process import ROOT
 
     args = {"policy": {"num_replicas": 2}, "ingress": {"num_replicas": 1, "num_cpus": 0}}
     assert replica_counts_in_args(parse_app_args(args)) == ["ingress.num_replicas", "policy.num_replicas"]

@@ -20,9 +20,9 @@ from dreamzero_client.wire import codec, openpi, replies, rldx
 from serve_graph.builder import ingress_settings, policy_settings, zmq_door_settings
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
-from tests.graph.helpers import LocalHandle, decode, normalised_body, raw_body
-from tests.rldx_support import droid_rldx_observation
 from tests.support.observations import openpi_droid_observation
+from tests.support.request_builders import LocalHandle, decode, normalised_body, raw_body
+from tests.support.rldx import droid_rldx_observation
 
 GEN = "/v1/actions/generations"
 MSGPACK = {"content-type": codec.MSGPACK_CONTENT_TYPE}

@@ -8,7 +8,7 @@ import pytest
 
 from dreamzero_client.wire import codec
 from tests.graph.conftest import GRAPH_ARGS
-from tests.graph.helpers import post_generation, raw_body, served_over_http
+from tests.support.request_builders import post_generation, raw_body, served_over_http
 
 PLACEMENTS = {
     "front-door": {"preprocess": {"placement": "ingress"}, "postprocess": {"placement": "ingress"}},
@@ -48,7 +48,7 @@ def test_both_placements_give_the_same_actions_and_sessions(apps):
 
 def test_a_bad_camera_is_the_same_named_error_in_both(apps):
     from dreamzero_client.wire import generations
-    from tests.graph.helpers import droid_raw_observation
+    from tests.support.request_builders import droid_raw_observation
 
     obs = droid_raw_observation(1, 1)
     obs["video.exterior_image_2_left"] = obs["video.exterior_image_2_left"][..., :2]  # two colour channels

@@ -1,6 +1,6 @@
 """The Isaac Lab sim-evals adapter against the real simulator (needs Isaac Sim on an NVIDIA RTX GPU; skipped
 elsewhere with that reason). The same contract check runs on every machine against a fake with the simulator's
-observation structure in tests/unit/test_eval_isaac_adapter.py."""
+observation structure in tests/unit/eval/test_isaac_adapter.py."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ keeps its usual order.
 
 Each worker gets its own RAY_TMPDIR: Ray's `session_latest` link (where a test finds the running session's log
 folder) is one per temp dir, so two workers' clusters must not share one. Ports are the OS's free ones everywhere
-(tests/host_support.py: free_port), and every `serve run` has its own temp dir and HAProxy paths
-(tests/e2e/serve_process.py), so two workers' servers cannot collide.
+(tests/support/host.py: free_port), and every `serve run` has its own temp dir and HAProxy paths
+(tests/support/serve_process.py), so two workers' servers cannot collide.
 """
 
 from __future__ import annotations

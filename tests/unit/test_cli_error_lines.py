@@ -13,8 +13,8 @@ import pytest
 
 from dreamzero.embodiments import get_embodiment
 from dreamzero.errors import ConfigError
-from tests.unit.embodiment_fixtures import droid_metadata
-from tests.unit.train_fixtures import write_synthetic_dataset
+from tests.support.embodiments import droid_metadata
+from tests.support.train_data import write_synthetic_dataset
 
 
 def _one_error_line(err: str, *words: str) -> str:
@@ -285,8 +285,8 @@ def test_the_export_video_doc_section_matches_the_command():
 
 
 def test_eval_shows_progress_unless_told_not_to(tmp_path, monkeypatch, capsys):
-    """Progress by default (a bar on a terminal, plain lines in a log: tests/unit/test_progress_lines.py), none with
-    --no-progress."""
+    """Progress by default (a bar on a terminal, plain lines in a log: tests/unit/model/test_progress_lines.py), none
+    with --no-progress."""
     import eval.cli
     import eval.runner
 

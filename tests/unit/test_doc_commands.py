@@ -56,11 +56,11 @@ EXCLUDED = {
     r"pip install ": "installs packages (the test venv has them)",
     r"huggingface-cli download ": "downloads checkpoints of tens of GB",
     r"dreamzero-plan --model /models/": "reads a 46 GB checkpoint at /models",
-    r"dreamzero-eval( |$)": "needs a policy server or minutes of MuJoCo episodes (tests/unit/test_eval_cli.py runs it)",
+    r"dreamzero-eval( |$)": "needs a policy server or minutes of MuJoCo episodes (tests/unit/eval/test_cli.py runs it)",
     r"dreamzero-eval-libero |python -m eval\.libero\.offline": "needs LIBERO (the libero extra) and a server",
     r"dreamzero-franka ": "drives a Franka arm and RealSense cameras",
-    r"dreamzero-train ": "trains for hours or needs a GPU checkpoint (tests/unit/test_train_loop.py trains tiny runs)",
-    r"dreamzero-record-demos ": "records 200 MuJoCo episodes (tests/unit/test_demos_record.py records a few)",
+    r"dreamzero-train ": "trains for hours or needs a GPU checkpoint (tests/unit/train/test_loop.py trains tiny runs)",
+    r"dreamzero-record-demos ": "records 200 MuJoCo episodes (tests/unit/eval/test_demos_record.py records a few)",
     r"dreamzero-export-video ": "runs the model for minutes (its section is parsed by test_cli_error_lines.py)",
     r"dreamzero-make-metadata generate /data/": "reads your dataset at /data",
     r"dreamzero-make-metadata merge all\.json ": "merges your metadata files",
@@ -155,7 +155,7 @@ def _blocks() -> dict[str, list[DocCommand]]:
 @pytest.mark.slow
 @pytest.mark.parametrize("where", sorted(_blocks()))
 def test_the_doc_block_runs_as_written(where, tmp_path, monkeypatch, capsys):
-    from tests.unit.train_fixtures import write_synthetic_dataset
+    from tests.support.train_data import write_synthetic_dataset
 
     monkeypatch.chdir(tmp_path)
     shell_lines = []

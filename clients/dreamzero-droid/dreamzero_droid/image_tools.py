@@ -4,8 +4,8 @@ DROID clients (openpi's and DreamZero's) resize camera frames with `openpi_clien
 PIL's bilinear resize. The model was evaluated on those pixels, so the sim evaluation and the robot must send exactly
 them, without PIL in this package. PIL's bilinear filter is a separable convolution whose triangle widens with the
 downscale factor (so it antialiases), computed with 22-bit fixed-point weights: a horizontal pass rounded to uint8,
-then a vertical pass. The code below re-derives those steps; `tests/unit/test_client_image_tools.py` checks it bit
-for bit.
+then a vertical pass. The code below re-derives those steps; `tests/unit/droid_runtime/test_image_tools.py` checks it
+bit for bit.
 """
 
 from __future__ import annotations
