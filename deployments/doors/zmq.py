@@ -97,6 +97,9 @@ def model_session_id(client: str, session_id: str) -> str:
 class ZmqDoor(Door):
     """Request handling of the ZMQ front door, without the socket (tests drive `handle` directly)."""
 
+    # More than ~15 methods on purpose: one per RLDX-1 endpoint plus the socket loop and the client-namespace memory,
+    # which read together as the protocol's one state machine
+
     name = ROUTE  # its own deployment (it binds a port): the builder binds `ZmqIngressDeployment`
 
     def __init__(self, runner: GraphRunner, settings: ZmqDoorSettings):

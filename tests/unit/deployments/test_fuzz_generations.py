@@ -27,7 +27,9 @@ def test_the_mutations_reach_deep_fields():
     fields: set[str] = set()
     outcomes: set[str] = set()
 
-    @settings(CI)
+    # more examples than the crash test: which examples a derandomized run draws also shifts with what the process
+    # imported before (the whole suite draws others than this module alone), and 300 of them reached 2 deep fields
+    @settings(CI, max_examples=1000)
     @given(GENERATIONS.strategy())
     def collect(example):
         body, ctype = example
