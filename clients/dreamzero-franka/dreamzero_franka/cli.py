@@ -11,7 +11,7 @@
     # a server behind TLS: wss:// (or https://) and the CA that signed its certificate
     dreamzero-franka --server wss://gpu-box:8443 --ca-bundle /etc/dreamzero/ca.pem ...
 
-    # also write every episode into a LeRobot v3.0 dataset to fine-tune on (needs dreamzero-client[record])
+    # also write every episode into a LeRobot v3.0 dataset to fine-tune on (needs dreamzero-franka[record])
     dreamzero-franka ... --record-dataset datasets/franka-cups
 
 The embodiment (oxe_droid / franka_pnp) is the server's (its handshake or metadata) unless --embodiment names it.
@@ -255,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DIR",
         help="also write every episode (the views the policy saw, state, the commands executed, the prompt, the "
-        "operator's label) into this LeRobot v3.0 dataset, appending if it exists; needs dreamzero-client[record]",
+        "operator's label) into this LeRobot v3.0 dataset, appending if it exists; needs dreamzero-franka[record]",
     )
 
     g = p.add_argument_group("safety")
