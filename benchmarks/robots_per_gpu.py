@@ -78,27 +78,35 @@ def observation(pipe, robot: int, chunk: int, hw: tuple[int, int]):
     return batch
 
 
+def generate_groups(pipe, batches: list, rows_per_call: list[int], on_call=None) -> list:
+    """The Policy's model thread: merge the requests that stack, one model call per group, split the results back
+    (each call's rows appended to `rows_per_call`; `on_call(rows, ms)` told of each). Shared with fleet.py."""
+    from deployments.batch_merge import merge_batches, plan_groups, split_result
+
+    results = [None] * len(batches)
+    for part in plan_groups(batches):
+        group = [batches[i] for i in part]
+        merged = merge_batches(group, default_seed=0)
+        rows_per_call.append(len(merged))
+        t0 = time.perf_counter()
+        result = pipe.generate(merged)
+        if on_call is not None:
+            on_call(len(merged), (time.perf_counter() - t0) * 1e3)
+        for i, res in zip(part, split_result(result, [len(b) for b in group])):
+            results[i] = res
+    return results
+
+
 async def run_fleet(pipe, robots: int, chunks: int, period_s: float, hw, max_rows: int, wait_s: float) -> FleetRun:
     """`robots` robots, `chunks` chunks each, through the Policy's batcher, one model thread."""
-    from deployments.batch_merge import merge_batches, plan_groups, split_result
     from deployments.batcher import ContinuousBatcher
 
     out = FleetRun(robots)
     loop = asyncio.get_running_loop()
     model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="robots-model")
 
-    def generate_many(batches):
-        results = [None] * len(batches)
-        for part in plan_groups(batches):
-            group = [batches[i] for i in part]
-            merged = merge_batches(group, default_seed=0)
-            out.batches.append(len(merged))
-            for i, res in zip(part, split_result(pipe.generate(merged), [len(b) for b in group])):
-                results[i] = res
-        return results
-
     async def run(batches):
-        return await loop.run_in_executor(model_thread, generate_many, batches)
+        return await loop.run_in_executor(model_thread, generate_groups, pipe, batches, out.batches)
 
     def starts(batch) -> bool:
         return any(sid not in pipe.store for sid in batch.session_ids)

@@ -22,26 +22,50 @@ A batch is bounded twice: at most `max_batch_size` requests and at most `max_bat
 policy counts session rows, B per request; the model runs twice as many with classifier-free guidance). Requests are
 taken in arrival order and never split; the first request that does not fit waits for the next batch. A request
 larger than `max_batch_rows` must be refused before `submit` (the policy does); if one arrives anyway it runs alone.
+
+Traffic classes (`class_of(item)`: "realtime", a robot, or "batch", an evaluation farm; docs/fleet.md "Scheduling").
+With `classes` on, a call is filled in this order: a batch request owed its floor (below), then realtime requests,
+earliest `deadline_of(item)` first (those stating none after them, in arrival order), then batch requests in arrival
+order; the first request that does not fit the bounds ends the call, as above. Batch requests stop joining a call
+with realtime rows once `call_ms(rows)` (the replica's measured cost) predicts the call would end after the earliest
+realtime deadline in it. Batch is never starved: when `floor_calls` consecutive calls took no batch row while batch
+requests waited, the next call takes the oldest batch request first. The company wait never holds realtime rows for
+batch company: while a realtime request is queued it waits (at most `wait_s`) only for the realtime requests of the
+previous call. A request's sessions keep their arrival order (`sessions_of`): a request is never taken before an
+earlier queued one sharing a session. With `classes` off (or no `class_of`) the batcher is first come, first served.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 log = logging.getLogger("dreamzero.serve.batcher")
 
 #: a wait for sessions starting together ends when none arrived for this share of `wait_s`
 COMPANY_GAP = 0.25
+REALTIME, BATCH = "realtime", "batch"
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
+@dataclass
+class _Entry(Generic[Item]):
+    item: Item
+    future: asyncio.Future
+    seq: int  # arrival order
+    realtime: bool = True
+    deadline: float | None = None
+    sessions: frozenset[str] = frozenset()
+
+
 class ContinuousBatcher(Generic[Item, Result]):
-    """`await submit(item)` -> that item's result from `run(list_of_items)`, one `run` at a time, in arrival order."""
+    """`await submit(item)` -> that item's result from `run(list_of_items)`, one `run` at a time; a call's items are
+    passed in arrival order, whichever order chose them."""
 
     def __init__(
         self,
@@ -51,68 +75,142 @@ class ContinuousBatcher(Generic[Item, Result]):
         wants_company: Callable[[Item], bool] | None = None,
         rows_of: Callable[[Item], int] | None = None,
         max_batch_rows: int | None = None,
+        class_of: Callable[[Item], str] | None = None,
+        deadline_of: Callable[[Item], float | None] | None = None,
+        sessions_of: Callable[[Item], Iterable[str]] | None = None,
+        call_ms: Callable[[int], float | None] | None = None,
+        floor_calls: int = 4,
+        clock: Callable[[], float] | None = None,
     ):
         if max_batch_size < 1 or wait_s < 0:
             raise ValueError(f"max_batch_size must be >= 1 and wait_s >= 0, got {max_batch_size}, {wait_s}")
         if max_batch_rows is not None and max_batch_rows < 1:
             raise ValueError(f"max_batch_rows must be >= 1 or None, got {max_batch_rows}")
+        if floor_calls < 1:
+            raise ValueError(f"floor_calls must be >= 1, got {floor_calls}")
         self._run, self.max_batch_size, self.wait_s = run, max_batch_size, wait_s
         self._rows_of = rows_of or (lambda item: 1)
         self.max_batch_rows = max_batch_rows
         self._wants_company = wants_company
-        self._queue: list[tuple[Item, asyncio.Future]] = []
+        self._class_of, self._deadline_of, self._sessions_of = class_of, deadline_of, sessions_of
+        self._call_ms = call_ms  # predicted ms of a call of n rows, None while unknown
+        self._clock = clock  # the clock of `deadline_of` (wall clock seconds); None: deadlines only order
+        self.classes = class_of is not None  # live: `batching.traffic_classes` (deployments.live_tuning)
+        self.floor_calls = floor_calls  # live: `batching.batch_floor_calls`
+        self._queue: list[_Entry] = []
+        self._seq = 0
         self._arrived: asyncio.Event | None = None  # created on the serving loop
         self._worker: asyncio.Task | None = None
         self.expected = 1  # requests active during the previous batch: the company the next one waits for
+        self.expected_realtime = 0  # of those, realtime ones (classes on)
+        self.batch_starved = 0  # consecutive calls that took no batch request while one waited
 
     async def submit(self, item: Item) -> Result:
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done():
             self._arrived = asyncio.Event()
             self._worker = loop.create_task(self._serve_forever())
-        future = loop.create_future()
-        self._queue.append((item, future))
+        entry = _Entry(item, loop.create_future(), self._seq)
+        self._seq += 1
+        if self._sessions_of is not None:
+            entry.sessions = frozenset(self._sessions_of(item))
+        if self._class_of is not None:
+            try:
+                entry.realtime = self._class_of(item) != BATCH
+                entry.deadline = self._deadline_of(item) if self._deadline_of is not None else None
+            except Exception:  # a hint only: an item whose class cannot be read is served as realtime, unordered
+                log.exception("class_of / deadline_of failed; serving the request as realtime")
+        self._queue.append(entry)
         self._arrived.set()
-        return await future
+        return await entry.future
 
     def queued(self) -> list[Item]:
         """Items waiting for a batch (their sessions are busy: admission must not evict them)."""
-        return [item for item, fut in self._queue if not fut.done()]
+        return [e.item for e in self._queue if not e.future.done()]
 
     def _queued_rows(self) -> int:
-        return sum(self._rows_of(item) for item, fut in self._queue if not fut.done())
+        return sum(self._rows_of(e.item) for e in self._queue if not e.future.done())
 
-    def _take(self) -> list[tuple[Item, asyncio.Future]]:
-        """The next batch: queued requests in arrival order while they fit both bounds (at least one)."""
-        taken: list[tuple[Item, asyncio.Future]] = []
-        rows, i = 0, 0
-        while i < len(self._queue) and len(taken) < self.max_batch_size:
-            item, fut = self._queue[i]
-            if fut.done():  # its caller gave up
-                i += 1
-                continue
-            n = self._rows_of(item)
+    def _classed(self) -> bool:
+        return self.classes and self._class_of is not None
+
+    def _take(self) -> list[_Entry]:
+        """The next batch: queued requests in the order the batcher's rules give while they fit both bounds (at
+        least one), handed back in arrival order."""
+        self._queue = [e for e in self._queue if not e.future.done()]  # callers that gave up
+        order = self._order() if self._classed() else list(self._queue)
+        taken: list[_Entry] = []
+        rows = 0
+        deadline = None  # the earliest realtime deadline among the rows taken
+        blocked: dict[str, int] = {}  # session -> arrival of its earliest request passed over: later ones wait too
+        for e in order:
+            if len(taken) >= self.max_batch_size:
+                break
+            n = self._rows_of(e.item)
             if taken and self.max_batch_rows is not None and rows + n > self.max_batch_rows:
                 break
-            taken.append((item, fut))
+            if self._classed() and taken and not e.realtime and self._late(deadline, rows + n):
+                break  # batch comes last and in arrival order: none joins a call it would make late
+            if any(blocked.get(sid, e.seq) < e.seq for sid in e.sessions) or (
+                self._classed() and self._waits_for_earlier(e, taken)
+            ):
+                for sid in e.sessions:
+                    blocked[sid] = min(blocked.get(sid, e.seq), e.seq)
+                continue
+            taken.append(e)
             rows += n
-            i += 1
-        self._queue = self._queue[i:]
-        return taken
+            if e.realtime and e.deadline is not None:
+                deadline = e.deadline if deadline is None else min(deadline, e.deadline)
+        chosen = {id(e) for e in taken}
+        self._queue = [e for e in self._queue if id(e) not in chosen]
+        if self._classed():
+            waited = any(not e.realtime for e in order)
+            self.batch_starved = 0 if any(not e.realtime for e in taken) or not waited else self.batch_starved + 1
+        return sorted(taken, key=lambda e: e.seq)
 
-    def _target(self) -> tuple[int, float | None]:
-        """How many queued requests the next batch waits for (at most `wait_s`), and the arrival gap that ends the
-        wait early (None: only the deadline does)."""
-        target = min(self.expected, self.max_batch_size)
+    def _order(self) -> list[_Entry]:
+        """Classes on: a batch request owed its floor, realtime by deadline (none stated: after, in arrival order),
+        then batch in arrival order."""
+        realtime = [e for e in self._queue if e.realtime]
+        batch = [e for e in self._queue if not e.realtime]
+        realtime.sort(key=lambda e: (e.deadline is None, e.deadline if e.deadline is not None else 0.0, e.seq))
+        if batch and self.batch_starved >= self.floor_calls:
+            return [batch[0], *realtime, *batch[1:]]
+        return realtime + batch
+
+    def _waits_for_earlier(self, e: _Entry, taken: list[_Entry]) -> bool:
+        """Is an earlier queued request sharing a session with `e` not taken (yet)? Then `e` waits for it."""
+        if not e.sessions:
+            return False
+        chosen = {id(t) for t in taken}
+        return any(q.seq < e.seq and id(q) not in chosen and e.sessions & q.sessions for q in self._queue)
+
+    def _late(self, deadline: float | None, rows: int) -> bool:
+        """Would a call of `rows` rows, started now, end after the realtime `deadline` of rows already taken?"""
+        if deadline is None or self._call_ms is None or self._clock is None:
+            return False
+        predicted = self._call_ms(rows)
+        return predicted is not None and self._clock() + predicted / 1000.0 > deadline
+
+    def _target(self) -> tuple[int, int, float | None]:
+        """How many queued requests the next batch waits for (at most `wait_s`), how many count towards it, and the
+        arrival gap that ends the wait early (None: only the deadline does). A queued realtime request waits only
+        for realtime company (classes on)."""
+        live = [e for e in self._queue if not e.future.done()]
+        if self._classed() and any(e.realtime for e in live):
+            live = [e for e in live if e.realtime]
+            target = min(max(self.expected_realtime, 1), self.max_batch_size)
+        else:
+            target = min(self.expected, self.max_batch_size)
         if target < self.max_batch_size and self._wants_company is not None:
             try:
-                wanted = any(self._wants_company(item) for item, fut in self._queue if not fut.done())
+                wanted = any(self._wants_company(e.item) for e in live)
             except Exception:  # a hint only: never let it stop the worker (and hang its callers)
                 log.exception("wants_company failed; batching without the hint")
                 wanted = False
             if wanted:
-                return self.max_batch_size, self.wait_s * COMPANY_GAP
-        return target, None
+                return self.max_batch_size, len(live), self.wait_s * COMPANY_GAP
+        return target, len(live), None
 
     async def _serve_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -125,12 +223,12 @@ class ContinuousBatcher(Generic[Item, Result]):
             deadline = loop.time() + self.wait_s
             informed = min(self.expected, self.max_batch_size)
             while True:
-                target, gap = self._target()
+                target, count, gap = self._target()
                 remaining = deadline - loop.time()
                 full_rows = self.max_batch_rows is not None and self._queued_rows() >= self.max_batch_rows
-                if len(self._queue) >= target or remaining <= 0 or full_rows:
+                if count >= target or remaining <= 0 or full_rows:
                     break
-                timeout = remaining if gap is None or len(self._queue) < informed else min(remaining, gap)
+                timeout = remaining if gap is None or count < informed else min(remaining, gap)
                 self._arrived.clear()
                 try:
                     await asyncio.wait_for(self._arrived.wait(), timeout)
@@ -141,18 +239,19 @@ class ContinuousBatcher(Generic[Item, Result]):
             if not taken:
                 continue
             try:
-                results = await self._run([item for item, _ in taken])
+                results = await self._run([e.item for e in taken])
                 if len(results) != len(taken):
                     raise RuntimeError(f"batch function returned {len(results)} results for {len(taken)} items")
             except Exception as exc:  # the batch's callers get the error; the worker keeps serving
                 log.exception("batch of %d failed", len(taken))
-                for _, fut in taken:
-                    if not fut.done():
-                        fut.set_exception(exc)
-                self.expected = 1
+                for e in taken:
+                    if not e.future.done():
+                        e.future.set_exception(exc)
+                self.expected, self.expected_realtime = 1, 0
                 continue
             # this batch's clients come back, and those that queued meanwhile are waiting: together, the next batch
             self.expected = len(taken) + len(self._queue)
-            for (_, fut), result in zip(taken, results):
-                if not fut.done():
-                    fut.set_result(result)
+            self.expected_realtime = sum(e.realtime for e in taken) + sum(e.realtime for e in self._queue)
+            for e, result in zip(taken, results):
+                if not e.future.done():
+                    e.future.set_result(result)

@@ -29,6 +29,7 @@ from deployments.metrics import ServingMetrics, serving_metrics
 from deployments.model_info import ModelInfo
 from deployments.preprocess import load_embodiment, normalised_batch
 from deployments.requests.generations import GenerationRequest
+from deployments.requests.rows import RowOptions
 from deployments.routing import policy_generate, sticky_call
 from deployments.stages import RawStages
 from deployments.tenants import DEFAULT_TENANT, SessionLimits, TenantQuotas, scoped_id
@@ -50,6 +51,8 @@ class GraphReply:
     replica: str
     batch_requests: int = 1  # requests merged into the model call that served this one
     video: np.ndarray | None = None  # uint8 [B, T, H, W, 3] predicted frames (`return_video` requests only)
+    # the request's rows as served: the caller's own ids, every row's traffic class resolved (the reply echo reads it)
+    rows: RowOptions | None = None
 
 
 def scope_request(req: GenerationRequest, tenant: str) -> GenerationRequest:
@@ -140,12 +143,16 @@ class GraphRunner:
     ) -> GraphReply:
         """The request's trip through the graph for `tenant`, within `timeout_s` (default `request_timeout_s`); past
         it the downstream calls still running are cancelled and `asyncio.TimeoutError` is raised (503 in every door).
-        A request over the tenant's rate or rows quota raises `QuotaExceeded` (429) before anything starts."""
+        A request over the tenant's rate or rows quota raises `QuotaExceeded` (429) before anything starts. Rows
+        that name no traffic class get the tenant's, else the door's default (`RowOptions.with_classes`)."""
         try:
             self.quotas.admit(tenant, len(req.session_ids))
         except QuotaExceeded as exc:
             self.metrics.tenant_quota_refusals.inc(1, tags={"tenant": tenant, "quota": exc.quota})
             raise
+        rows = req.rows.with_classes(self.quotas.quota(tenant).traffic_class)
+        if rows is not req.rows:
+            req = dataclasses.replace(req, rows=rows)
         scoped = scope_request(req, tenant)
         calls = PendingCalls()
         try:
@@ -159,6 +166,7 @@ class GraphRunner:
         self.single_frame(reply.sessions)  # scoped ids: one tenant's session never hides another's
         if scoped is not req:
             reply.sessions = own_reports(reply.sessions, req.session_ids)
+        reply.rows = req.rows
         return reply
 
     async def _run(

@@ -9,7 +9,7 @@ replica's `reconfigure` (and every new one at start). These knobs go there:
       - name: Policy
         user_config:
           sessions: {ttl_s: 1800, max_sessions: 64}
-          batching: {max_batch_size: 8, batch_wait_timeout_s: 0.01, rows_per_request: 4}
+          batching: {max_batch_size: 8, batch_wait_timeout_s: 0.01, rows_per_request: 4, traffic_classes: true}
           pipeline: {num_inference_steps: 8}
 
 A `user_config` is the whole live state: what it leaves out takes the value from `args` again. What the replica sized
@@ -51,6 +51,9 @@ class LiveBatching(Strict):
     max_batch_size: int | None = Field(None, ge=1, description="Most requests merged into one batch.")
     batch_wait_timeout_s: float | None = Field(None, ge=0, le=1.0, description="How long a free model waits.")
     rows_per_request: int | None = Field(None, ge=1, description="Most sessions one request may carry.")
+    traffic_classes: bool | None = Field(None, description="Realtime rows first; false: first come, first served.")
+    batch_floor_calls: int | None = Field(None, ge=1, description="Calls without batch rows before batch goes first.")
+    realtime_admission: bool | None = Field(None, description="Refuse new realtime sessions past the pace.")
 
 
 class LiveTuning(Strict):
@@ -114,6 +117,8 @@ def apply_live_tuning(replica: Any, tuning: LiveTuning) -> dict[str, Any]:
     store.ttl_s, store.max_sessions = sessions.ttl_s, sessions.max_sessions
     replica.batcher.max_batch_size, replica.batcher.wait_s = batching.max_batch_size, batching.batch_wait_timeout_s
     replica.admission.rows_per_request = batching.rows_per_request
+    replica.batcher.classes, replica.batcher.floor_calls = batching.traffic_classes, batching.batch_floor_calls
+    replica.admission.pace.enabled = batching.realtime_admission
     if pipeline_cfg is not None:
         engine.pipeline.config = pipeline_cfg  # read afresh by the next model call (denoise_block)
     return {
@@ -122,6 +127,9 @@ def apply_live_tuning(replica: Any, tuning: LiveTuning) -> dict[str, Any]:
             "max_batch_size": batching.max_batch_size,
             "batch_wait_timeout_s": batching.batch_wait_timeout_s,
             "rows_per_request": batching.rows_per_request,
+            "traffic_classes": batching.traffic_classes,
+            "batch_floor_calls": batching.batch_floor_calls,
+            "realtime_admission": batching.realtime_admission,
         },
         "pipeline": {k: getattr(pipeline_cfg, k) for k in LIVE_PIPELINE_FIELDS} if pipeline_cfg is not None else {},
     }

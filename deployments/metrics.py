@@ -7,7 +7,7 @@ process (Ray registers them by name) and shared by every deployment class living
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
 from ray.serve.metrics import Counter, Gauge, Histogram
 
@@ -98,6 +98,45 @@ class ServingMetrics:
             "max_sessions_per_replica, max_sessions).",
             tag_keys=("tenant", "quota"),
         )
+        # the fleet, at the doors (issue 47, docs/fleet.md): per traffic class, what a row's client waited
+        self.chunk_latency_ms = Histogram(
+            "dreamzero_chunk_latency_ms",
+            description="Per row: the door received the request -> the door replied (the reply's server_ms), by "
+            "front door and traffic class.",
+            boundaries=LATENCY_BOUNDARIES_MS,
+            tag_keys=("door", "traffic_class"),
+        )
+        self.deadline_misses = Counter(
+            "dreamzero_deadline_misses_total",
+            description="Rows answered after the deadline_ms they stated (their client ran out of actions), by front "
+            "door and traffic class.",
+            tag_keys=("door", "traffic_class"),
+        )
+        # the fleet, at the Policy replica (docs/fleet.md "Scheduling"): how the batcher served each class
+        self.class_queue_ms = Histogram(
+            "dreamzero_policy_queue_ms",
+            description="Per request at the Policy: submitted to the batcher -> taken into a model call, by traffic "
+            "class.",
+            boundaries=LATENCY_BOUNDARIES_MS,
+            tag_keys=("traffic_class",),
+        )
+        self.class_rows = Histogram(
+            "dreamzero_policy_class_rows",
+            description="Session rows of one traffic class in one model call (a call holding none is not counted).",
+            boundaries=BATCH_BOUNDARIES,
+            tag_keys=("traffic_class",),
+        )
+        self.policy_deadline_misses = Counter(
+            "dreamzero_policy_deadline_misses_total",
+            description="Rows whose result was ready at the Policy after their deadline (received_at + deadline_ms), "
+            "by traffic class.",
+            tag_keys=("traffic_class",),
+        )
+        self.realtime_refusals = Counter(
+            "dreamzero_realtime_refusals_total",
+            description="New realtime sessions refused with 503 because the replica could not keep them and the "
+            "admitted ones at pace (batching.realtime_admission).",
+        )
 
     # convenience recorders ------------------------------------------------------------------------------------
     def observe_stages(self, timings_ms: dict[str, float]) -> None:
@@ -120,6 +159,16 @@ class ServingMetrics:
         for direction, n in (("in", received), ("out", sent)):
             if n:
                 self.tenant_bytes.inc(int(n), tags={"tenant": tenant, "door": door, "direction": direction})
+
+    def observe_rows(self, door: str, echo: Sequence[Mapping], deadlines_ms: Sequence[float | None] | None) -> None:
+        """A reply's rows at `door`: each row's chunk latency under its class, and a miss when it stated a
+        deadline the reply came after (`echo`: deployments.requests.replies.row_echo)."""
+        for i, row in enumerate(echo):
+            tags = {"door": door, "traffic_class": row["traffic_class"]}
+            self.chunk_latency_ms.observe(float(row["server_ms"]), tags=tags)
+            deadline = None if deadlines_ms is None else deadlines_ms[i]
+            if deadline is not None and row["server_ms"] > deadline:
+                self.deadline_misses.inc(1, tags=tags)
 
     def observe_sessions(self, reports: Iterable[SessionReport]) -> None:
         for report in reports:

@@ -17,6 +17,11 @@ Memory is admitted per request before requests are merged (dreamzero.sessions, d
 a request whose sessions do not fit the byte budget gets CapacityError (503 + Retry-After) alone; batches are bounded
 in session rows (`max_batch_rows`) and a request larger than a batch or than `rows_per_request` gets 413.
 
+Traffic classes (docs/fleet.md "Scheduling"): the batcher fills each call with realtime rows (robots) first, earliest
+deadline first, then batch rows (evaluation farms), with a floor for batch; admission refuses a new realtime session
+the replica cannot keep at pace by its measured cost per row (`batching.traffic_classes`, `batch_floor_calls`,
+`realtime_admission`). Per class, the replica counts queue time, rows per call and deadline misses.
+
 Tenants (deployments.tenants): session ids arrive scoped by tenant; the store evicts within a tenant over its share
 first, a request may carry its tenant's session quotas (`SessionLimits`, checked at admission: 429 beyond them; the
 total across replicas through the tenant ledger), and session starts, resets, evictions and ends are audited.
@@ -32,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 from ray import serve
 
-from deployments.admission import Admission
+from deployments.admission import Admission, earliest_deadline, realtime_rows, traffic_class
 from deployments.audit import configure_audit_log, one_line_refusals
 from deployments.batch_merge import merge_batches, plan_groups, split_result
 from deployments.batcher import ContinuousBatcher
@@ -155,7 +160,10 @@ class PolicyDeployment:
         self.metrics = serving_metrics()
         self.model_thread = ModelThread()  # the engine is not thread-safe: every call to it goes through this one
         ledger = _ledger_name() if replica is not None else None
-        self.admission = Admission(self.engine, self.metrics, self.replica, ledger, s.batching.rows_per_request)
+        self.admission = Admission(
+            self.engine, self.metrics, self.replica, ledger, s.batching.rows_per_request, s.retry_after_s
+        )
+        self.admission.pace.enabled = s.batching.realtime_admission
         self.report = ReplicaReport(self.replica, self.engine, self.model_thread, self.metrics)
         # Batching across requests happens only in a Serve replica; in-process (and in Serve's local testing mode)
         # requests run one by one, as before.
@@ -167,7 +175,15 @@ class PolicyDeployment:
             wants_company=lambda batch: starts_session(self.engine.store, batch),
             rows_of=len,
             max_batch_rows=self.engine.max_batch_rows,
+            class_of=traffic_class,
+            deadline_of=earliest_deadline,
+            sessions_of=lambda batch: batch.session_ids,
+            call_ms=self.admission.cost.predict,
+            floor_calls=s.batching.batch_floor_calls,
+            clock=time.time,  # deadline_at is wall clock (the door's)
         )
+        self.batcher.classes = s.batching.traffic_classes
+        self._submitted: dict[int, float] = {}  # id(batch) -> when it reached the batcher (monotonic)
         log.info("policy replica %s ready in %.1f s", self.replica, time.perf_counter() - t0)
 
     # --- request path -----------------------------------------------------------------------------------------
@@ -177,41 +193,49 @@ class PolicyDeployment:
             raise InvalidRequest("the policy needs a ModelBatch with at least one session row")
         await self.admission.enter(batch, limits)  # 413 beyond the row limits
         key = self.report.routing_keys.enter(batch)
+        self._submitted[id(batch)] = time.monotonic()
         try:
             if self._batching:
                 outcome = await self.batcher.submit(batch)
             else:
                 (outcome,) = await self._generate_many([batch])
         finally:
+            self._submitted.pop(id(batch), None)
             self.report.routing_keys.leave(key)
             self.admission.leave(batch)
         if outcome.error is not None:
             raise outcome.error
+        self.report.deadlines_checked(batch, time.time())
         return outcome.output
 
     async def _generate_many(self, batches: list[ModelBatch]) -> list[_Outcome]:
         self.metrics.batch_requests.observe(len(batches))
+        now = time.monotonic()
+        for b in batches:  # queue time per class: submitted -> taken into this call
+            self.report.taken(traffic_class(b), (now - self._submitted.get(id(b), now)) * 1000.0)
         busy = {sid for b in batches + self.batcher.queued() for sid in b.session_ids}  # never evicted for room
         # One trip to the model thread per batch (admission, then every group's model call): each thread hop is a
         # wake-up each way, a visible share of a small model's call on a busy CPU.
         default_seed = int(self.engine.pipeline.config.default_seed)
         outcomes, calls = await self.model_thread.run(self._admit_and_run, batches, busy, default_seed)
+        for rows, _, ms, _ in calls:
+            self.admission.cost.add(rows, ms)  # the measured cost per row: realtime admission and the batcher
         self.report.calls_done(calls)
         return outcomes
 
     def _admit_and_run(
         self, batches: list[ModelBatch], busy: set[str], default_seed: int
-    ) -> tuple[list[_Outcome], list[tuple[int, list]]]:
+    ) -> tuple[list[_Outcome], list[tuple[int, list, float, int]]]:
         """Model thread: admit each request's sessions, then run the admitted ones in compatible groups.
 
-        Returns an outcome per request and (rows, session reports) per model call. A request refused at admission
-        (capacity, bad input) or a group whose call fails gets its error; the others are served.
+        Returns an outcome per request and (rows, session reports, ms, realtime rows) per model call. A request
+        refused at admission (capacity, bad input) or a group whose call fails gets its error; the others are served.
         """
         outcomes: list[_Outcome | None] = [None] * len(batches)
         for i, exc in self.admission.admit_each(batches, busy).items():  # admission per request, before merging
             outcomes[i] = _Outcome(error=exc)
         admitted = [i for i in range(len(batches)) if outcomes[i] is None]
-        calls: list[tuple[int, list]] = []
+        calls: list[tuple[int, list, float, int]] = []
         try:
             for part in plan_groups([batches[i] for i in admitted]):
                 members = [admitted[j] for j in part]
@@ -223,13 +247,14 @@ class PolicyDeployment:
                         result = self.engine.generate(merged, self.return_latents)
                     else:
                         result = run_recorded(self.engine, self.recorder, merged, self.return_latents)
-                    result.timings_ms = {**result.timings_ms, "model_call": (time.perf_counter() - t0) * 1000.0}
+                    call_ms = (time.perf_counter() - t0) * 1000.0
+                    result.timings_ms = {**result.timings_ms, "model_call": call_ms}
                     for i, out in zip(members, split_result(result, [len(b) for b in group])):
                         bad = _non_finite_actions(out)  # a NaN action never reaches a robot
                         outcomes[i] = _Outcome(
                             PolicyOutput(out, self.replica, len(group)) if bad is None else None, bad
                         )
-                    calls.append((len(merged), result.sessions))
+                    calls.append((len(merged), result.sessions, call_ms, sum(len(realtime_rows(b)) for b in group)))
                 except Exception as exc:  # noqa: BLE001 - handed back to exactly the requests of this group
                     for i in members:
                         outcomes[i] = _Outcome(error=exc)
@@ -256,6 +281,7 @@ class PolicyDeployment:
     async def drop_sessions(self, session_ids: list[str]) -> int:
         """Free sessions (a WebSocket connection closed); unknown ids are ignored."""
         await self.model_thread.run(self.engine.drop_sessions, list(session_ids))
+        self.admission.pace.forget(session_ids)  # a closed connection's robot no longer counts at pace
         if self.recorder is not None:
             self.recorder.end(session_ids)  # a closed connection's session: its segment is written now
         self.report.sessions_ended(list(session_ids))
@@ -269,8 +295,10 @@ class PolicyDeployment:
 
     # --- introspection (deployments.replica_report) -----------------------------------------------------------
     def stats(self) -> dict:
-        """This replica's session store: live sessions, bytes held and reserved, budget, evictions, restarts."""
-        return self.report.stats()
+        """This replica's session store (live sessions, bytes held and reserved, budget, evictions, restarts) and its
+        traffic per class (`traffic`: requests, rows, mean queue ms, deadline misses; realtime sessions at pace)."""
+        traffic = {**self.report.traffic(), "realtime_sessions": self.admission.pace.admitted()}
+        return {**self.report.stats(), "traffic": traffic}
 
     async def record_routing_stats(self) -> dict:
         """The routing keys of the sessions this replica holds, for SessionRouter (polled by Serve's controller).

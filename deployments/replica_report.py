@@ -4,6 +4,8 @@
   broken CFG-parallel pair); the replica's `ready` (the ingress's /health) and `check_health` (Serve) raise with it.
 - routing statistics: the routing keys of the sessions this replica holds (`HeldKeys`), for the session router.
 - gauges: live sessions and their bytes, evictions, per-tenant live sessions, per-call rows (deployments.metrics).
+- traffic per class (docs/fleet.md "Scheduling"): queue time, rows per call, deadline misses, as metrics and in
+  `stats()`.
 - audit: session starts, resets, ends and evictions, one line each (deployments.tenants `audit`).
 - info: what `GET /v1/models` and the doors' handshakes say about this replica (deployments.model_info).
 """
@@ -18,6 +20,9 @@ from deployments.tenants import audit, audit_reports
 
 if TYPE_CHECKING:
     from deployments.engine import Engine, ModelThread
+    from dreamzero.types import ModelBatch
+
+CLASSES = ("realtime", "batch")
 
 #: a model call running longer than this means a hung device or a deadlock: the replica reports itself unhealthy and
 #: Serve replaces it. Far above any chunk (a 14B batch of 8 rows takes seconds; a CPU warm-up is done at start).
@@ -37,15 +42,52 @@ class ReplicaReport:
         self.routing_keys = HeldKeys()  # routing key -> session ids of the requests in flight
         self._evictions_seen = 0
         self._tenants_seen: set[str] = set()  # tenants with a live-session gauge (set to 0 when they leave)
+        # per class: requests taken, their queue ms in all, rows run, rows ready after their deadline
+        self._traffic = {c: {"requests": 0, "queue_ms": 0.0, "rows": 0, "deadline_misses": 0} for c in CLASSES}
 
     # --- after model calls and session control ------------------------------------------------------------------
-    def calls_done(self, calls: list[tuple[int, list]]) -> None:
-        """(rows, session reports) per model call of a batch: the call metrics, the audit lines, the gauges."""
-        for rows, sessions in calls:
+    def calls_done(self, calls: list[tuple[int, list, float, int]]) -> None:
+        """(rows, session reports, ms, realtime rows) per model call of a batch: the call metrics, the audit lines,
+        the gauges."""
+        for rows, sessions, _, realtime in calls:
             self.metrics.batch_rows.observe(rows)
+            for cls, n in (("realtime", realtime), ("batch", rows - realtime)):
+                if n:
+                    self.metrics.class_rows.observe(n, tags={"traffic_class": cls})
+                    self._traffic[cls]["rows"] += n
             self.metrics.observe_sessions(sessions)
             audit_reports(sessions, self.replica)
         self.update_gauges()
+
+    def taken(self, cls: str, queue_ms: float) -> None:
+        """A request of class `cls` was taken into a model call after `queue_ms` in the batcher's queue."""
+        self.metrics.class_queue_ms.observe(queue_ms, tags={"traffic_class": cls})
+        self._traffic[cls]["requests"] += 1
+        self._traffic[cls]["queue_ms"] += queue_ms
+
+    def deadlines_checked(self, batch: ModelBatch, now: float) -> None:
+        """A request's result is ready at `now` (wall clock): each row past its stated deadline is a miss."""
+        if batch.deadline_at is None:
+            return
+        classes = batch.traffic_class or ["realtime"] * len(batch)
+        for cls, deadline in zip(classes, batch.deadline_at):
+            if deadline is not None and now > deadline:
+                cls = cls if cls in self._traffic else "realtime"
+                self.metrics.policy_deadline_misses.inc(1, tags={"traffic_class": cls})
+                self._traffic[cls]["deadline_misses"] += 1
+
+    def traffic(self) -> dict:
+        """Per class: requests, rows, mean queue ms, deadline misses, since the replica started."""
+        out = {}
+        for cls, t in self._traffic.items():
+            mean = t["queue_ms"] / t["requests"] if t["requests"] else 0.0
+            out[cls] = {
+                "requests": t["requests"],
+                "rows": t["rows"],
+                "queue_ms_mean": round(mean, 3),
+                "deadline_misses": t["deadline_misses"],
+            }
+        return out
 
     def sessions_ended(self, session_ids: list[str]) -> None:
         for sid in session_ids:

@@ -78,6 +78,11 @@ class ModelBatch:
     routing_key: str | None = None
     # per row: decode this chunk's predicted video (`ChunkResult.video`); None = no row asks, nothing is decoded
     return_video: list[bool] | None = None
+    # the fleet's per-row fields (docs/fleet.md): "realtime" (a robot) or "batch" (an evaluation farm), set by the
+    # door from the request, the tenant or the door's default; None = every row realtime
+    traffic_class: list[str] | None = None
+    # per row: when the client's buffer of actions runs out, wall clock (time.time() seconds); None = not stated
+    deadline_at: list[float | None] | None = None
 
     def __len__(self) -> int:
         return len(self.session_ids)
@@ -97,6 +102,8 @@ ROW_OPTIONS: dict[str, tuple[object, bool]] = {
     "rtc_exec_horizon": (None, False),
     "action_prefix": (None, False),
     "return_video": (False, False),
+    "traffic_class": ("realtime", False),
+    "deadline_at": (None, False),
 }
 
 

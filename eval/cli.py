@@ -42,6 +42,7 @@ class CliArgs:
     render: str
     image_size: list[int]
     layouts: str | None
+    instruction: str | None
     no_video: bool
     no_progress: bool
     no_report: bool
@@ -60,7 +61,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="mujoco",
         help="simulator: the MuJoCo DROID scene, Isaac Lab sim-evals, or LIBERO (docs/libero.md)",
     )
-    g.add_argument("--scenes", type=int, nargs="+", choices=(1, 2, 3), default=[1, 2, 3], help="DROID scenes to run")
+    g.add_argument(
+        "--scenes",
+        type=int,
+        nargs="+",
+        choices=(1, 2, 3, 4),
+        default=[1, 2, 3],
+        help="DROID scenes to run; 4 (MuJoCo only): two objects, two targets, four instructions (docs/evaluation.md)",
+    )
     g.add_argument("--episodes", type=int, default=1, help="episodes per scene")
     g.add_argument("--max-steps", type=int, default=None, help="step limit per episode (default: the env's, 450)")
     g.add_argument("--seed", type=int, default=0, help="base seed (object placement jitter)")
@@ -85,6 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="scene 1 only: draw the cube / bowl placement from this demonstration distribution "
         "(dreamzero-record-demos --layouts) with the episode seed, instead of the scene's fixed positions + jitter; "
         "use a --seed far from the recording seeds (e.g. 100000) for held-out layouts",
+    )
+    g.add_argument(
+        "--instruction",
+        "--instructions",
+        dest="instruction",
+        default=None,
+        metavar="TEXT",
+        help="scene 4 only: one of its four instructions ('put the cube in the bowl', 'put the cube in the mug', "
+        "'put the can in the bowl', 'put the can in the mug'), or 'all' for one per episode from its seed, every "
+        "four consecutive episodes asking each once (default: all)",
     )
     g = p.add_argument_group("policy")
     g.add_argument("--policy", choices=("openpi", "http", "embedded"), default="openpi", help="how to reach the policy")
@@ -181,6 +199,17 @@ def droid_args(ns: argparse.Namespace) -> CliArgs:
         raise ConfigError(
             f"--layouts: the sampled layouts are MuJoCo scene 1's; got --sim {args.sim} --scenes {args.scenes}"
         )
+    if 4 in args.scenes and args.sim != "mujoco":
+        raise ConfigError(f"--scenes: scene 4 (two objects, two targets) is MuJoCo's; got --sim {args.sim}")
+    if args.instruction is not None:
+        from eval.mujoco_droid.table2 import check_instruction_choice
+
+        if args.scenes != [4]:
+            raise ConfigError(f"--instruction: the instructions are scene 4's; got --scenes {args.scenes}")
+        try:
+            args.instruction = check_instruction_choice(args.instruction)
+        except ConfigError as exc:
+            raise ConfigError(f"--{exc}") from None
     if args.rtc_delay_steps is not None and (not args.rtc or args.rtc_delay_steps < 1):
         raise ConfigError(f"--rtc-delay-steps: expected >= 1 together with --rtc, got {args.rtc_delay_steps}")
     if args.ca_bundle is not None and args.policy == "embedded":
@@ -199,6 +228,7 @@ def make_env_factory(args: CliArgs):
                 render_quality=args.render,
                 max_episode_steps=args.max_steps or 450,
                 layouts=args.layouts,
+                instruction=args.instruction if scene == 4 else None,
             )
 
         return factory
@@ -283,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             "policy": args.policy,
             "render": args.render,
             **({"layouts": args.layouts} if args.layouts else {}),
+            **({"instruction": args.instruction or "all"} if 4 in args.scenes else {}),
         },
     )
     try:

@@ -33,6 +33,48 @@ def _plot_success(summary: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def _plot_per_instruction(summary: dict, path: Path) -> None:
+    """The two-object scene: success per instruction (Wilson 95%) beside its wrong-object and wrong-target rates."""
+    rows = list(summary["per_instruction"].items())
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    xs = np.arange(len(rows))
+    rates = [s["success_rate"] for _, s in rows]
+    lo = [max(0.0, s["success_rate"] - s["ci95"][0]) for _, s in rows]
+    hi = [max(0.0, s["ci95"][1] - s["success_rate"]) for _, s in rows]
+    ax.bar(xs - 0.25, rates, 0.25, yerr=[lo, hi], capsize=4, color="#4c72b0", label="success")
+    ax.bar(xs, [s["wrong_object"] / s["episodes"] for _, s in rows], 0.25, color="#c44e52", label="wrong object")
+    ax.bar(xs + 0.25, [s["wrong_target"] / s["episodes"] for _, s in rows], 0.25, color="#dd8452", label="wrong target")
+    ax.set_xticks(
+        xs, [f"{k.removeprefix('put the ')}\n({s['successes']}/{s['episodes']})" for k, s in rows], fontsize=8
+    )
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("rate (success: 95% Wilson CI)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _per_instruction_html(summary: dict, plots: Path, esc) -> str:
+    if not summary.get("per_instruction"):
+        return ""
+    _plot_per_instruction(summary, plots / "success_per_instruction.png")
+    rows = "".join(
+        f"<tr><td>{esc(k)}</td><td>{s['successes']}/{s['episodes']} ({s['success_rate']:.0%})</td>"
+        f"<td>{s['ci95'][0]:.2f} - {s['ci95'][1]:.2f}</td><td>{s['wrong_object']}</td><td>{s['wrong_target']}</td>"
+        f"<td>{s['failed']}</td></tr>"
+        for k, s in summary["per_instruction"].items()
+    )
+    either = summary["wrong_object_or_target"]
+    return (
+        "<h2>Per instruction</h2><table><tr><th>instruction</th><th>success</th><th>95% CI</th><th>wrong object</th>"
+        f"<th>wrong target</th><th>failed</th></tr>{rows}</table>"
+        f"<p>Wrong object or wrong target: {either['count']}/{either['episodes']} "
+        f"({either['rate']:.0%}, 95% CI {either['ci95'][0]:.2f} - {either['ci95'][1]:.2f}).</p>"
+        '<img src="plots/success_per_instruction.png">'
+    )
+
+
 def _plot_latency(latencies_ms: list[float], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.2))
     if latencies_ms:
@@ -174,6 +216,7 @@ open-loop horizon {summary["config"]["open_loop_horizon"]}; {summary["steps"]} s
 calls; latency {lat_line}. Failed episodes: {summary["failed_episodes"]}.</p>
 <table><tr><th>scene</th><th>instruction</th><th>success</th><th>95% CI</th><th>failed</th></tr>{rows}</table>
 <img src="plots/success_per_scene.png"> <img src="plots/latency_hist.png">
+{_per_instruction_html(summary, plots, esc)}
 <h2>Failures</h2><ul>{failures or "<li>none</li>"}</ul>
 <h2>Episodes</h2>{"".join(sections)}
 <p><a href="summary.json">summary.json</a></p>

@@ -11,6 +11,13 @@ the timeline of `dreamzero_droid.rtc.RtcSchedule`. Sim steps are synchronous, so
 is there at once, and the env executes d more actions of the old chunk (`rtc_delay_steps`, else the measured round
 trip in control steps) before it switches to row d of the new one. Every episode records its chunk switches and the
 jump at each one (`switch_jump`), with or without RTC, so the two runs can be compared.
+
+Which row runs at a step is `dreamzero_droid.executor.ChunkExecutor`'s, on the sim's clock (steps / control rate,
+which stands still during a query): a chunk starts at the actions executed since its observation (0 for a plain
+query, d for RTC), and a chunk that is stale (a reply that says the server restarted the session, or older than
+`max_observation_age_s` when set) is never executed: the policy is asked again from the same step's observation,
+once; a second stale chunk fails the episode ("stale_chunk"). Each episode records the executor's counters
+(`execution`) and its refused chunks (`stale_chunks`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import numpy as np
 
 from dreamzero.errors import ConfigError
 from dreamzero_droid import droid
+from dreamzero_droid.executor import ChunkExecutor
 from dreamzero_droid.policy import Chunk, DroidPolicy, PolicyCallError
 from dreamzero_droid.rtc import RtcSchedule, switch_jump
 from eval.env_contract import DroidEnv, check_droid_observation
@@ -48,6 +56,8 @@ class EvalConfig:
     rtc_delay_steps: int | None = None  # the emulated delay d; None: the measured round trip in control steps
     predicted_video: bool = False  # ask for each chunk's predicted frames; imagined vs real per episode (eval.imagined)
     record_dataset: Path | None = None  # every episode also into this LeRobot v3.0 dataset (eval.recording)
+    # sim seconds; None: no wall bound (the sim waits for every query: a chunk's age is its executed rows)
+    max_observation_age_s: float | None = None
 
     def validate(self) -> None:
         if not self.scenes:
@@ -58,6 +68,8 @@ class EvalConfig:
             raise ConfigError(f"open_loop_horizon: expected >= 1, got {self.open_loop_horizon}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError(f"max_steps: expected >= 1 or None, got {self.max_steps}")
+        if self.max_observation_age_s is not None and not self.max_observation_age_s > 0:
+            raise ConfigError(f"max_observation_age_s: expected > 0 or None, got {self.max_observation_age_s}")
         if self.rtc_delay_steps is not None and (not self.rtc or self.rtc_delay_steps < 1):
             raise ConfigError(
                 f"rtc_delay_steps: expected >= 1 with rtc on, got {self.rtc_delay_steps} (rtc={self.rtc})"
@@ -110,6 +122,8 @@ def run_episode(
     switches: list[dict] = []  # every change of chunk after the first: step, row, jump (+ d, s, rtc source with RTC)
     deltas: list[float] = []  # joint-target change between consecutive steps of one chunk
     rtc_requests: list[dict] = []
+    stale: list[dict] = []  # refused chunks: step, reason
+    executor = ChunkExecutor(env.control_hz, config.max_observation_age_s)
     steps = 0
     terminated = truncated = False
     schedule = schedule if schedule is not None else config.rtc_schedule(env.control_hz)
@@ -120,6 +134,23 @@ def run_episode(
 
     def jump(first_new: np.ndarray) -> float | None:
         return None if last_action is None else switch_jump(last_action, first_new)
+
+    def now() -> float:  # the sim's clock: it stands still while a query runs
+        return steps / env.control_hz
+
+    def fresh(query_obs: dict) -> tuple[Chunk, int]:
+        """A plain query of this step, and the row its chunk starts at; a stale reply is asked again once."""
+        for attempt in range(2):
+            mark = executor.mark(now())
+            reply = policy.infer(query_obs) if attempt == 0 else policy.send(policy.request(query_obs, record=False))
+            took(reply)
+            if reply.restarted:
+                executor.invalidate()  # the server lost the session: no chunk asked before this reply is executed
+            offer = executor.offer(reply.actions, mark, now())
+            if offer.accepted:
+                return reply, offer.row
+            stale.append({"step": steps, "reason": offer.reason})
+        raise PolicyCallError("stale_chunk", f"two stale chunks in a row at step {steps} (last: {offer.reason})")
 
     def took(reply: Chunk) -> None:
         latencies_ms.append(reply.latency_ms)
@@ -140,6 +171,7 @@ def run_episode(
             dataset.begin_episode(env.instruction)
         chunk: np.ndarray | None = None
         pending: Chunk | None = None  # RTC: the reply to the query in flight (here at once: the sim waits for it)
+        pending_mark = None  # the executor's record of the observation `pending` answers
         row = 0
         last_action: np.ndarray | None = None  # the chunk row executed at the previous step (raw gripper)
         while steps < max_steps:
@@ -152,22 +184,30 @@ def run_episode(
                     new_row = schedule.switch_row(ready=True)
                     if new_row is not None:
                         asked = schedule.switched()
-                        switches.append({"step": steps, "row": new_row, "jump": jump(pending.actions[new_row]),
-                                         "prefix_len": asked.prefix_len, "exec_horizon": asked.exec_horizon,
-                                         "rtc": pending.rtc})  # fmt: skip
-                        chunk, row, switched, pending = pending.actions, new_row, True, None
+                        offer = executor.offer(pending.actions, pending_mark, now())
+                        if offer.accepted:  # on the sim's clock the row is new_row: d executed actions since
+                            switches.append({"step": steps, "row": offer.row, "jump": jump(pending.actions[offer.row]),
+                                             "prefix_len": asked.prefix_len, "exec_horizon": asked.exec_horizon,
+                                             "rtc": pending.rtc})  # fmt: skip
+                            chunk, row, switched = pending.actions, offer.row, True
+                        else:  # stale: ask again below, from this step's observation
+                            stale.append({"step": steps, "reason": offer.reason})
+                            chunk = None
+                        pending = None
                 if chunk is None or (schedule is None and row >= min(config.open_loop_horizon, len(chunk))):
-                    reply = policy.infer(query_obs)
+                    reply, start = fresh(query_obs)
                     observed = queried = True
-                    took(reply)
                     if chunk is not None:  # it replaces the chunk whose open-loop rows ran out
                         switched = True
-                        switches.append({"step": steps, "row": 0, "jump": jump(reply.actions[0])})
-                    chunk, row, latency_ms = reply.actions, 0, reply.latency_ms
+                        switches.append({"step": steps, "row": start, "jump": jump(reply.actions[start])})
+                    chunk, row, latency_ms = reply.actions, start, reply.latency_ms
                 elif schedule is not None and pending is None:
                     asked = schedule.plan(chunk, row)
                     if asked is not None:
+                        pending_mark = executor.mark(now())
                         pending = policy.send(policy.request(query_obs, rtc=asked))
+                        if pending.restarted:
+                            executor.invalidate()
                         schedule.sent(asked, len(chunk))
                         observed = queried = True
                         took(pending)
@@ -180,11 +220,16 @@ def run_episode(
                 break
             if not observed:
                 policy.observe(obs)
+            nxt = executor.next_action(now())
+            if nxt is None:  # the chunk's observation aged past max_observation_age_s
+                failure = {"reason": "stale_chunk", "message": "the chunk's observation is too old", "step": steps}
+                break
+            row, raw = nxt
             if not switched and last_action is not None:
-                deltas.append(switch_jump(last_action, chunk[row]))
-            last_action = chunk[row]
-            action = chunk[row].copy()
-            action[7] = droid.binarize_gripper(chunk[row][7])
+                deltas.append(switch_jump(last_action, raw))
+            last_action = raw
+            action = raw.copy()
+            action[7] = droid.binarize_gripper(raw[7])
             if dataset is not None:
                 dataset.add_frame(*dataset_frame(obs, action, config.image_size))
             obs, reward, terminated, truncated, info = env.step(action)
@@ -198,7 +243,7 @@ def run_episode(
                     "chunk_latency_ms": latency_ms,
                     "chunk_row": row,
                     "action": action,
-                    "raw_gripper": float(chunk[row][7]),
+                    "raw_gripper": float(raw[7]),
                     "joint_position": np.asarray(obs["joint_position"], dtype=np.float64),
                     "gripper_position": np.asarray(obs["gripper_position"], dtype=np.float64),
                     "reward": float(reward),
@@ -244,9 +289,12 @@ def run_episode(
         "failure": failure,
         "reset_error": reset_error,
         "final_object_poses": env.object_poses(),
+        "outcome": env.outcome() if hasattr(env, "outcome") else None,  # scene 4: wrong object / target (eval.summary)
         "server_sessions": sessions,
         "session_restarts": restarts,  # the server lost the session's state mid-episode
         "chunk_switches": switches,
+        "stale_chunks": stale,  # replies refused by the chunk executor (restarted session, too old)
+        "execution": executor.stats(),  # stalls, skipped rows, observation ages (sim seconds)
         "switch_jump": _switch_stats(switches, deltas),  # rad over the 7 joint targets
         "rtc": None
         if schedule is None

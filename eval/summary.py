@@ -1,4 +1,5 @@
-"""Run summary: success rate per scene with a Wilson 95% interval, server calls, latency percentiles, failures."""
+"""Run summary: success rate per scene with a Wilson 95% interval, server calls, latency percentiles, failures; on
+the two-object scene also per instruction, with how often the arm took the wrong object or the wrong target."""
 
 from __future__ import annotations
 
@@ -69,8 +70,9 @@ def summarize(episodes: list[dict]) -> dict:
         eps = [ep for ep in episodes if ep["scene_id"] == scene]
         wins = sum(bool(ep["success"]) for ep in eps)
         lo, hi = wilson_interval(wins, len(eps))
+        said = list(dict.fromkeys(ep.get("instruction") for ep in eps))  # scene 4 asks several (per_instruction)
         per_scene[scene] = {
-            "instruction": eps[0].get("instruction"),
+            "instruction": said[0] if len(said) == 1 else f"{len(said)} instructions",
             "episodes": len(eps),
             "successes": wins,
             "success_rate": wins / len(eps),
@@ -79,6 +81,7 @@ def summarize(episodes: list[dict]) -> dict:
         }
     wins = sum(bool(ep["success"]) for ep in episodes)
     latencies = [ms for ep in episodes for ms in ep.get("latencies_ms", [])]
+    judged = [ep for ep in episodes if ep.get("outcome")]  # episodes of a scene with two objects and two targets
     failures = [
         {"scene_id": ep["scene_id"], "episode": ep["episode"], "session_id": ep.get("session_id"), **ep["failure"]}
         for ep in episodes
@@ -96,6 +99,43 @@ def summarize(episodes: list[dict]) -> dict:
         "failure_reasons": dict(Counter(f["reason"] for f in failures)),
         "failures": failures,
         "steps": sum(ep.get("num_steps", 0) for ep in episodes),
+        # only with the two-object scene, so the summaries of scenes 1-3 keep their keys
+        **(per_instruction(judged) if judged else {}),
+    }
+
+
+def _rate(count: int, trials: int) -> dict:
+    lo, hi = wilson_interval(count, trials)
+    return {"count": count, "episodes": trials, "rate": count / trials, "ci95": [lo, hi]}
+
+
+def per_instruction(episodes: list[dict]) -> dict:
+    """Success per instruction (Wilson 95%) and the wrong-object / wrong-target rates, per instruction and over all
+    `episodes` (each with an `outcome`: instruction, wrong_object, wrong_target). Success is the episode's own
+    (a policy failure is no success, whatever the objects ended as)."""
+    rows: dict[str, dict] = {}
+    for instruction in sorted({ep["outcome"]["instruction"] for ep in episodes}):
+        eps = [ep for ep in episodes if ep["outcome"]["instruction"] == instruction]
+        wins = sum(bool(ep["success"]) for ep in eps)
+        rows[instruction] = {
+            "scene_id": eps[0]["scene_id"],
+            "episodes": len(eps),
+            "successes": wins,
+            "success_rate": wins / len(eps),
+            "ci95": list(wilson_interval(wins, len(eps))),
+            "wrong_object": sum(bool(ep["outcome"]["wrong_object"]) for ep in eps),
+            "wrong_target": sum(bool(ep["outcome"]["wrong_target"]) for ep in eps),
+            "failed": sum(ep["failure"] is not None for ep in eps),
+        }
+    n = len(episodes)
+    return {
+        "per_instruction": rows,
+        "wrong_object": _rate(sum(r["wrong_object"] for r in rows.values()), n),
+        "wrong_target": _rate(sum(r["wrong_target"] for r in rows.values()), n),
+        # either mistake in one episode counts once: the issue's "wrong object or wrong target" rate
+        "wrong_object_or_target": _rate(
+            sum(bool(ep["outcome"]["wrong_object"] or ep["outcome"]["wrong_target"]) for ep in episodes), n
+        ),
     }
 
 
@@ -106,6 +146,25 @@ def summary_markdown(summary: dict) -> str:
         lines.append(
             f"| {scene} | {s['instruction']} | {s['successes']}/{s['episodes']} ({s['success_rate']:.0%}) "
             f"| {s['ci95'][0]:.2f}-{s['ci95'][1]:.2f} | {s['failed']} |"
+        )
+    if summary.get("per_instruction"):
+        lines += [
+            "",
+            "| instruction | success | 95% CI | wrong object | wrong target | failed |",
+            "|---|---|---|---|---|---|",
+        ]
+        for instruction, s in summary["per_instruction"].items():
+            n = s["episodes"]
+            lines.append(
+                f"| {instruction} | {s['successes']}/{n} ({s['success_rate']:.0%}) "
+                f"| {s['ci95'][0]:.2f}-{s['ci95'][1]:.2f} | {s['wrong_object']}/{n} | {s['wrong_target']}/{n} "
+                f"| {s['failed']} |"
+            )
+        lines.append("")
+        lines.append(
+            "Wrong object: {}; wrong target: {}; either: {} (95% CI).".format(
+                *(_rate_text(summary[k]) for k in ("wrong_object", "wrong_target", "wrong_object_or_target"))
+            )
         )
     lat = summary["latency_ms"]
     lines.append("")
@@ -120,3 +179,7 @@ def summary_markdown(summary: dict) -> str:
             f"- scene {f['scene_id']} episode {f['episode']}: {f['reason']} at step {f['step']}: {f['message']}"
         )
     return "\n".join(lines) + "\n"
+
+
+def _rate_text(rate: dict) -> str:
+    return f"{rate['rate']:.0%} ({rate['ci95'][0]:.2f}-{rate['ci95'][1]:.2f})"

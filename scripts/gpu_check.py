@@ -146,8 +146,9 @@ def stage_commands(stage: str, rehearse: bool, py: str, results: Path, card: str
             fp32 = [*robots[:5], "float32", *robots[6:]]  # this CPU's bf16 kernels are slow (the tier shows bf16)
             return [[*fp32, "--preset", name, "--robots", "1,2", "--chunks", "3", "--steps", "2"]]
         return [[*robots, "--preset", "droid_14b" if stage == "robots" else "libero_5b"]]
-    if stage == "tier":
-        cmd = [py, "-m", "pytest", "-q", "-rs", "-s", "-p", "no:cacheprovider", "-m", "gpu", "tests/gpu"]
+    if stage == "tier":  # the slowest tests named in the stage's log: where a window's minutes went
+        pytest = [py, "-m", "pytest", "-q", "-rs", "-s", "--durations=15", "-p", "no:cacheprovider"]
+        cmd = [*pytest, "-m", "gpu", "tests/gpu"]
         select = args.tier_select or (CARD_TESTS if card is not None and card != args.cards[0] else None)
         return [cmd + (["-k", select] if select else [])]
     if stage == "cfg2":

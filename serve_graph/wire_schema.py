@@ -33,6 +33,8 @@ Seed = Annotated[int, Field(ge=0, le=fields.MAX_SEED)]
 ExpectedStep = Annotated[int, Field(ge=0, le=generations.MAX_EXPECTED_STEP)]
 Incarnation = Annotated[str, Field(min_length=1, max_length=generations.MAX_INCARNATION_LEN)]
 RtcCount = Annotated[int, Field(ge=0, le=generations.MAX_RTC_ACTIONS)]
+TrafficClass = Literal[generations.TRAFFIC_CLASSES]  # type: ignore[valid-type]
+DeadlineMs = Annotated[float, Field(ge=0, le=generations.MAX_DEADLINE_MS)]
 ActionPrefix = list[list[float]]  # [P, D]
 ActionValues = list[list[list[float]]]  # [B, H, D]
 
@@ -98,6 +100,21 @@ class GenerationParameters(_Open):
         description="Real-time chunking: the client's own prefix [P, D] (robot units in the raw form), for "
         "every row or one per row; wins over the session's cached chunk.",
     )
+    traffic_class: list[TrafficClass] | TrafficClass | None = Field(
+        None,
+        description="The fleet (docs/fleet.md): `realtime` (a robot) or `batch` (an evaluation farm), for every row "
+        "or one per row; default: the tenant's class, else realtime for one row and batch for more.",
+    )
+    deadline_ms: list[DeadlineMs | None] | DeadlineMs | None = Field(
+        None,
+        description="Per row: milliseconds from the server receiving the request until that row's client runs out "
+        "of actions (actions left / control rate); realtime rows are served in deadline order.",
+    )
+    observed_at: list[float | None] | float | None = Field(
+        None,
+        description="Per row: when the observation was taken, seconds on the client's own clock; echoed unchanged "
+        "in the row's session report.",
+    )
 
 
 class GenerationRuntime(_Open):
@@ -134,6 +151,18 @@ class SessionReportBody(_Closed):
     rtc: Literal[RTC_SOURCES] | None = Field(  # type: ignore[valid-type]
         None, description="Present when real-time chunking was asked: what the chunk was steered towards."
     )
+    observed_at: float | None = Field(
+        None,
+        description="The observation time this chunk answers: the request's `observed_at` echoed unchanged, else the "
+        "server's receive time (unix seconds).",
+    )
+    observed_at_source: Literal["client", "server"] | None = Field(
+        None, description="Where `observed_at` came from: the client's field, or the server's receive time."
+    )
+    server_ms: Annotated[float, Field(ge=0)] | None = Field(
+        None, description="Milliseconds from the door receiving the request to the door replying."
+    )
+    traffic_class: TrafficClass | None = Field(None, description="The class the row was served as.")
 
 
 class _ReplyExtras(_Closed):

@@ -74,6 +74,21 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+@pytest.fixture
+def all_cores():
+    """Torch on every core for one test of large CPU forwards (a DiT block at 14B width): compute bound, they run
+    about twice as fast on both cores of a serial run; under pytest-xdist the other worker has the second core, so
+    they keep one thread there."""
+    import torch
+
+    from tests.support.parallel import worker_id
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1 if worker_id() is not None else max(1, os.cpu_count() or 1))
+    yield
+    torch.set_num_threads(before)
+
+
 PARITY_DIR = Path(__file__).resolve().parent / "fixtures" / "dit-parity"
 PARITY_FILES = ("config.json", "calls.json", "vectors.npz", "weights.safetensors")
 

@@ -274,6 +274,24 @@ class BatchingArgs(Strict):
             "request for other starting sessions."
         ),
     )
+    # the fleet (docs/fleet.md "Scheduling"): robots' realtime rows first, evaluation farms' batch rows after them
+    traffic_classes: bool = Field(
+        True,
+        description="Fill each model call with realtime rows first (earliest deadline first), then batch rows; "
+        "false: first come, first served whatever the class.",
+    )
+    batch_floor_calls: int = Field(
+        4,
+        ge=1,
+        description="Batch is never starved: after this many consecutive model calls that took no batch row while "
+        "batch rows waited, the next call takes the oldest batch request first.",
+    )
+    realtime_admission: bool = Field(
+        True,
+        description="Refuse (503 + Retry-After) a new realtime session when one model call of every admitted "
+        "realtime row plus its own is predicted (from the replica's measured cost per row) to take longer than the "
+        "tightest deadline_ms they state; batch rows are never refused for pace.",
+    )
 
 
 class HttpArgs(Strict):
@@ -439,6 +457,11 @@ class TenantQuotaArgs(Strict):
     )
     max_rows_per_request: int | None = Field(
         None, ge=1, description="Most sessions (rows) one request of the tenant may carry."
+    )
+    traffic_class: Literal["realtime", "batch"] | None = Field(
+        None,
+        description="The class the tenant's rows are served as when a request does not say (docs/fleet.md): "
+        "`realtime` (robots) or `batch` (evaluation farms); null: realtime for a one-row request, batch for more.",
     )
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from deployments.graph_runner import GraphReply, GraphRunner
 from deployments.requests.generations import GenerationRequest
+from deployments.requests.replies import row_echo
 from deployments.tenants import DEFAULT_TENANT, UNAUTHENTICATED
 
 if TYPE_CHECKING:
@@ -47,6 +48,14 @@ class Door:
         """The one request path: the request through the graph as `tenant`'s, within `timeout_s` (default: the
         runner's `request_timeout_s`)."""
         return await self.runner.run(request, timeout_s, tenant)
+
+    def echo(self, reply: GraphReply, request: GenerationRequest) -> list[dict]:
+        """Each row's reply echo (`row_echo`: observed_at, its source, server_ms, traffic_class), counted per class
+        as chunk latency and deadline misses; every door adds it to its per-row session reports."""
+        rows = reply.rows if reply.rows is not None else request.rows
+        echo = row_echo(rows)
+        self.metrics.observe_rows(self.name, echo, rows.deadline_ms)
+        return echo
 
     def count(
         self,

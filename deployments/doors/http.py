@@ -139,7 +139,8 @@ class HttpDoor(Door):
         timings = {"decode": t_decode, **reply.timings_ms}
         timings["ingress_total"] = (time.perf_counter() - t0) * 1000.0
         self.metrics.observe_stages({k: timings[k] for k in ("decode", "ingress_total")})  # the graph's: the runner
-        resp = build_response(req, reply.actions, reply.sessions, timings, video=reply.video)
+        echo = self.echo(reply, req)
+        resp = build_response(req, reply.actions, reply.sessions, timings, video=reply.video, echo=echo)
         resp["served_by"] = reply.replica
         resp["batch_requests"] = reply.batch_requests
         return codec.encode_body(resp, req.flavour)
@@ -231,10 +232,12 @@ def build_fastapi_app(door: HttpDoor, *others: Door) -> FastAPI:
     async def generations_route(request: Request) -> Response:
         content_type = request.headers.get("content-type")
         codec.flavour_for_content_type(content_type)  # 415 before reading the body
+        received_at = time.time()  # the rows' deadlines and the reply's server_ms count from here
         body = await door.read_body(request)
         request.state.received = len(body)
         t0 = time.perf_counter()
         req = await door.parse_async(body, content_type)
+        req.rows.received_at = received_at
         request.state.form = req.form  # the error handler counts the request under its form
         payload, reply_type = await door.answer(req, t0, request.state.tenant)
         door.count_generation(request, 200, sent=len(payload))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 import uuid
 from collections import deque
 from collections.abc import Mapping
@@ -337,10 +338,12 @@ class OpenPISocketServer(Door):
         """-> (reply frame, the connection's session, whether the frame was valid, status, error code)."""
         options = options or ConnectionOptions()
         flavour = codec.OPENPI
+        received_at = time.time()  # the row's deadline and the reply's server_ms count from here
         try:
             if data is None:
                 raise InvalidRequest("empty frame; send a binary msgpack map")
             req = await decode_in_worker(len(data), self._decode, data, options.default_dict)
+            req.rows.received_at = received_at
             flavour, state["endpoint"] = req.flavour, req.endpoint
             if session is None or session.session_id != req.session_id:
                 if session is not None:
@@ -353,13 +356,19 @@ class OpenPISocketServer(Door):
                 if reset_text:
                     return frames.RESET_TEXT, session, True, 200, None
                 return openpi.pack_frame(frames.OPENPI_RESET_REPLY, flavour), session, True, 200, None
-            reply = await self.run(to_generation_request(req, session, self.key_map), tenant)
+            request = to_generation_request(req, session, self.key_map)
+            reply = await self.run(request, tenant)
             report = reply.sessions[0]
             session.last_step, session.last_incarnation, session.reset_next = report.step, report.incarnation, False
+            echo = self.echo(reply, request)[0]  # counted always; sent in the dict form's session report
             extra = None
             as_dict = req.reply_as_dict or req.rows.return_video  # the frames need the dict form
             if as_dict:
-                extra = {"session": report.to_dict(), "timings": reply.timings_ms, "served_by": reply.replica}
+                extra = {
+                    "session": {**report.to_dict(), **echo},
+                    "timings": reply.timings_ms,
+                    "served_by": reply.replica,
+                }
                 if reply.video is not None:
                     extra["video"] = reply.video[0]  # uint8 [T, H, W, 3]
             frame = openpi.pack_frame(frames.infer_reply(reply.actions[0], as_dict, extra), flavour)

@@ -119,7 +119,7 @@ class ZmqDoor(Door):
     # --- one message ----------------------------------------------------------------------------------------------
     async def handle(self, identity: bytes, payload: bytes) -> bytes:
         """The reply to one message; never raises and never takes longer than the deadline (plus encoding)."""
-        t0 = time.perf_counter()
+        t0, received_at = time.perf_counter(), time.time()  # wall clock: rows' deadlines and server_ms count from it
         endpoint, status, code, tenant = "unknown", 200, None, UNAUTHENTICATED
         self.in_flight += 1
         try:
@@ -134,7 +134,9 @@ class ZmqDoor(Door):
             request = rldx_requests.parse_request(message)
             endpoint = request.endpoint
             # the runner cancels the downstream calls it started when this deadline cancels it
-            reply = await asyncio.wait_for(self.dispatch(identity, request, tenant), self.zcfg.request_timeout_s)
+            reply = await asyncio.wait_for(
+                self.dispatch(identity, request, tenant, received_at), self.zcfg.request_timeout_s
+            )
             out = rldx.pack(reply)
         except asyncio.TimeoutError:
             status, code = 503, "no_capacity"
@@ -178,7 +180,15 @@ class ZmqDoor(Door):
         self.keys.replace_static(keys)
         self.runner.quotas.update(quotas)
 
-    async def dispatch(self, identity: bytes, request: rldx_requests.RldxRequest, tenant: str = DEFAULT_TENANT) -> Any:
+    async def dispatch(
+        self,
+        identity: bytes,
+        request: rldx_requests.RldxRequest,
+        tenant: str = DEFAULT_TENANT,
+        received_at: float | None = None,
+    ) -> Any:
+        """One request's reply value; `received_at`: the door's wall clock when the message arrived (default: when
+        it was decoded)."""
         if request.endpoint == "ping":
             return dict(rldx_requests.PING_REPLY)
         if request.endpoint == "get_modality_config":
@@ -194,20 +204,24 @@ class ZmqDoor(Door):
         client = client_namespace(identity)
         if request.endpoint == "reset":
             return await self.reset(client, rldx_requests.parse_reset(request.data), tenant)
-        return await self.get_action(client, request.data, tenant)
+        return await self.get_action(client, request.data, tenant, received_at)
 
     # --- endpoints --------------------------------------------------------------------------------------------------
-    async def get_action(self, client: str, data: dict, tenant: str = DEFAULT_TENANT) -> list:
+    async def get_action(
+        self, client: str, data: dict, tenant: str = DEFAULT_TENANT, received_at: float | None = None
+    ) -> list:
         req = rldx_requests.parse_get_action(data, self.embodiment.language_key, max_batch=self.runner.max_rows)
         own_ids = req.rows.session_ids
         rows = req.rows.replace(session_ids=[model_session_id(client, s) for s in own_ids])  # the client's namespace
+        if received_at is not None:
+            rows.received_at = received_at
         gen = GenerationRequest(req.observation, rows, form="raw")
         reply = await self.run(gen, tenant, self.zcfg.request_timeout_s)
         # only now do these sessions exist on the Policy: a refused request's ids are never remembered
         self._remember((tenant, client), own_ids[: len(reply.sessions)], gen.route_key)
         reports = []
-        for own_id, report in zip(own_ids, reply.sessions):
-            entry = report.to_dict()
+        for own_id, report, echo in zip(own_ids, reply.sessions, self.echo(reply, gen)):
+            entry = {**report.to_dict(), **echo}
             entry["session_id"] = own_id  # the client's own name, not the namespaced one
             reports.append(entry)
         info = {

@@ -13,11 +13,39 @@ from typing import Any
 import numpy as np
 
 from deployments.requests.generations import GenerationRequest
+from deployments.requests.rows import RowOptions
 from dreamzero.types import SessionReport
 
+#: where a reply's `observed_at` came from: the client's own field, or the server's receive time (none was sent)
+OBSERVED_AT_SOURCES = ("client", "server")
 
-def _session_dicts(sessions: Sequence[SessionReport | Mapping]) -> list[dict]:
-    return [s.to_dict() if isinstance(s, SessionReport) else dict(s) for s in sessions]
+
+def row_echo(rows: RowOptions, replied_at: float | None = None) -> list[dict]:
+    """What each row's session report adds (docs/fleet.md), so a client can tell how old the observation behind a
+    chunk is: `observed_at` (the client's value echoed unchanged, else the server's receive time, unix seconds),
+    `observed_at_source`, `server_ms` (the door received the request -> this reply, ms) and `traffic_class` (the
+    class the row was served as). `rows`: as the graph runner served them (classes resolved)."""
+    rows = rows.with_classes()
+    now = time.time() if replied_at is None else replied_at
+    server_ms = round(max(0.0, now - rows.received_at) * 1000.0, 3)
+    observed = rows.observed_at or [None] * len(rows)
+    return [
+        {
+            "observed_at": rows.received_at if t is None else t,
+            "observed_at_source": "server" if t is None else "client",
+            "server_ms": server_ms,
+            "traffic_class": c,
+        }
+        for t, c in zip(observed, rows.traffic_class)
+    ]
+
+
+def session_dicts(sessions: Sequence[SessionReport | Mapping], echo: Sequence[Mapping] | None = None) -> list[dict]:
+    """The per-row session reports as sent, each with its row's echo (`row_echo`) when given."""
+    out = [s.to_dict() if isinstance(s, SessionReport) else dict(s) for s in sessions]
+    for report, extra in zip(out, echo or ()):
+        report.update(extra)
+    return out
 
 
 def build_response(
@@ -27,9 +55,11 @@ def build_response(
     timings_ms: Mapping[str, float] | None = None,
     usage: Mapping[str, Any] | None = None,
     video: np.ndarray | None = None,
+    echo: Sequence[Mapping] | None = None,
 ) -> dict:
     """The reply for `request` in its `response_format` (sglang envelope or raw); `video` uint8 [B, T, H, W, 3]
-    (a `runtime.return_video` request) goes beside the actions as `data[0].video` / `video`."""
+    (a `runtime.return_video` request) goes beside the actions as `data[0].video` / `video`; each session report
+    carries its row's `echo` (default: `row_echo` of the request's rows, now)."""
     actions = np.ascontiguousarray(actions, dtype=np.float32)
     if actions.ndim != 3 or actions.shape[0] != request.batch_size:
         raise ValueError(f"actions must be [B={request.batch_size}, H, D], got {list(actions.shape)}")
@@ -37,7 +67,7 @@ def build_response(
         raise ValueError(f"need one session report per row ({request.batch_size}), got {len(sessions)}")
     values: Any = actions if request.output_format == "numpy" else actions.tolist()
     extras = {
-        "sessions": _session_dicts(sessions),
+        "sessions": session_dicts(sessions, row_echo(request.rows) if echo is None else echo),
         "timings": {k: float(v) for k, v in (timings_ms or {}).items()},
         "form": request.form,
     }

@@ -13,6 +13,7 @@ acts on it, and the JSON Schema entry in `serve_graph/wire_schema.py`.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,13 @@ import numpy as np
 from deployments.requests import fields as f
 from dreamzero.errors import InvalidObservation
 from dreamzero.types import ModelBatch
-from dreamzero_client.wire.generations import MAX_EXPECTED_STEP, MAX_INCARNATION_LEN, MAX_RTC_ACTIONS
+from dreamzero_client.wire.generations import (
+    MAX_DEADLINE_MS,
+    MAX_EXPECTED_STEP,
+    MAX_INCARNATION_LEN,
+    MAX_RTC_ACTIONS,
+    TRAFFIC_CLASSES,
+)
 
 #: the widest action vector a real-time chunking prefix may carry (docs/rtc.md)
 MAX_ACTION_DIM = 32
@@ -101,6 +108,39 @@ def expected_incarnations(v: Any, name: str, b: int) -> list[str | None] | None:
     return list(rows)
 
 
+def traffic_classes(v: Any, name: str, b: int) -> list[str] | None:
+    """`traffic_class`: one of TRAFFIC_CLASSES for every row, or B of them (None when not sent)."""
+    if v is None:
+        return None
+    return [f.choice(c, f"{name}[{i}]", TRAFFIC_CLASSES) for i, c in enumerate(f.per_row(v, name, b, (str,)))]
+
+
+def _seconds_or_ms(v: Any, name: str, lo: float, hi: float) -> float:
+    if isinstance(v, np.generic):
+        v = v.item()
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or not lo <= v <= hi:
+        raise InvalidObservation(f"'{name}' must be a number in [{lo:g}, {hi:g}], got {v!r}", field=name)
+    return float(v)
+
+
+def deadlines_ms(v: Any, name: str, b: int) -> list[float | None] | None:
+    """`deadline_ms`: milliseconds from the server receiving the request until the row's client runs out of actions
+    (actions left / control rate); one number for every row, or B entries of a number or null."""
+    if v is None:
+        return None
+    rows = f.per_row(v, name, b, (int, float))
+    return [None if d is None else _seconds_or_ms(d, f"{name}[{i}]", 0.0, MAX_DEADLINE_MS) for i, d in enumerate(rows)]
+
+
+def observed_times(v: Any, name: str, b: int) -> list[float | None] | None:
+    """`observed_at`: when the row's observation was taken, on the client's own clock (seconds, any epoch); echoed
+    unchanged in the reply's session report. One number for every row, or B entries of a number or null."""
+    if v is None:
+        return None
+    rows = f.per_row(v, name, b, (int, float))
+    return [None if t is None else _seconds_or_ms(t, f"{name}[{i}]", -1e12, 1e12) for i, t in enumerate(rows)]
+
+
 def flag(v: Any, name: str, b: int) -> bool:
     """A request-wide switch (false when not sent)."""
     return False if v is None else f.flag(v, name)
@@ -126,7 +166,7 @@ class RowOption:
     wire: str
     read: Callable[[Any, str, int], Any]
     runtime: bool = False
-    to_batch: Callable[[Any, int], Any] = lambda value, b: value
+    to_batch: Callable[[Any, int], Any] | None = lambda value, b: value  # None: not a batch field
 
 
 OPTIONS: tuple[RowOption, ...] = (
@@ -138,6 +178,11 @@ OPTIONS: tuple[RowOption, ...] = (
     RowOption("action_prefix", "action_prefix", action_prefixes),
     # request-wide on the wire, per row in the model batch (None: no row asks, nothing is decoded)
     RowOption("return_video", "return_video", flag, runtime=True, to_batch=lambda v, b: [True] * b if v else None),
+    # the fleet's fields (docs/fleet.md); `deadline_ms` reaches the batch as `deadline_at` (RowOptions.to_batch),
+    # `observed_at` stays at the door, which echoes it
+    RowOption("traffic_class", "traffic_class", traffic_classes),
+    RowOption("deadline_ms", "deadline_ms", deadlines_ms, to_batch=None),
+    RowOption("observed_at", "observed_at", observed_times, to_batch=None),
 )
 #: the keys the options take in a door's option map (an OpenPI message keeps them out of its observation)
 OPTION_KEYS = tuple(o.wire for o in OPTIONS)
@@ -175,6 +220,12 @@ class RowOptions:
     rtc_exec_horizon: list[int | None] | None = None
     action_prefix: list[np.ndarray | None] | None = None
     return_video: bool = False  # the reply also carries each row's predicted frames, uint8 [B, T, H, W, 3]
+    # the fleet (docs/fleet.md): per row "realtime" | "batch" (None: the tenant's or the door's default), the
+    # milliseconds until the client's buffer runs out, and the client's observation time (echoed)
+    traffic_class: list[str] | None = None
+    deadline_ms: list[float | None] | None = None
+    observed_at: list[float | None] | None = None
+    received_at: float = dataclasses.field(default_factory=time.time)  # wall clock when the door decoded it
 
     @classmethod
     def read(
@@ -212,5 +263,22 @@ class RowOptions:
         if self.negative_prompts is not None:
             batch.negative_prompts = list(self.negative_prompts)
         for o in OPTIONS:
-            setattr(batch, o.name, o.to_batch(getattr(self, o.name), n))
+            if o.to_batch is not None:
+                setattr(batch, o.name, o.to_batch(getattr(self, o.name), n))
+        batch.deadline_at = self.deadlines_at()
         return batch
+
+    def with_classes(self, tenant_class: str | None = None) -> RowOptions:
+        """These rows with every traffic class resolved (docs/fleet.md): the request's own `traffic_class` wins, else
+        the tenant's, else "realtime" for a request of one row (a robot) and "batch" for more (a farm posting N
+        environments)."""
+        if self.traffic_class is not None:
+            return self
+        default = tenant_class or ("realtime" if len(self) == 1 else "batch")
+        return self.replace(traffic_class=[default] * len(self))
+
+    def deadlines_at(self) -> list[float | None] | None:
+        """Each row's deadline on the wall clock (`received_at` + `deadline_ms`), None when no row states one."""
+        if self.deadline_ms is None:
+            return None
+        return [None if d is None else self.received_at + d / 1000.0 for d in self.deadline_ms]

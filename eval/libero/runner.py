@@ -8,6 +8,10 @@ at the step limit, or on a failure: a failed or timed-out request fails the epis
 hung env (each step bounded by `step_timeout_s`) fails its own episode and its worker is replaced. Every episode,
 failed or not, is written to `episodes/<name>.json`; the run ends with `summary.json` / `summary.md` (the DROID
 eval's summary, tasks in place of scenes) and optionally `report.html`.
+
+Each episode executes through its own `dreamzero_droid.executor.ChunkExecutor` on the sim clock (steps / control rate,
+which stands still while the lockstep request runs): every chunk starts at row 0, a reply is executed once, and the
+episode's record carries the counters and the age of the observation behind its actions (`execution`).
 """
 # Longer than ~400 lines on purpose: the lock-step loop over B environments, its per-slot bookkeeping and the records
 # it writes change together.
@@ -26,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from dreamzero.errors import ConfigError
+from dreamzero_droid.executor import ChunkExecutor
 from dreamzero_droid.image_tools import resize_with_pad
 from eval.libero.adapter import (
     FORMS,
@@ -175,6 +180,12 @@ class Episode:
     step_wall_s: list[float] = field(default_factory=list)
     first_call: bool = True
     imagined: Any = None  # eval.imagined.ImaginedTrack with --predicted-video
+    # which row runs at a step, on the sim clock; no wall bound: the sim waits for every request
+    executor: ChunkExecutor = field(default_factory=lambda: ChunkExecutor(CONTROL_HZ, max_observation_age_s=None))
+
+    @property
+    def sim_time(self) -> float:
+        return self.steps / CONTROL_HZ
 
 
 @dataclass
@@ -236,6 +247,7 @@ class LiberoEvaluation:
             "failure": ep.failure,
             "server_sessions": ep.sessions,
             "step_wall_ms": latency_stats([s * 1000.0 for s in ep.step_wall_s]),
+            "execution": ep.executor.stats(),  # stalls, skipped rows, observation ages (sim seconds)
             "video": str(ep.recorder.video_path.relative_to(self.out)) if ep.recorder.video_path else None,
             "imagined": None if ep.imagined is None else ep.imagined.finish(self.out, ep.name, fps=5),
             "wall_s": time.perf_counter() - ep.started,
@@ -282,6 +294,7 @@ class LiberoEvaluation:
     def _query(self, active: list[Slot]) -> None:
         """ONE request for every running episode; a failure ends all of them with its reason."""
         episodes = [s.episode for s in active]
+        marks = [ep.executor.mark(ep.sim_time) for ep in episodes]
         started = time.perf_counter()
         prepared: PreparedRequest | None = None
         try:
@@ -309,7 +322,8 @@ class LiberoEvaluation:
         self.request_latencies_ms.append(latency_ms)
         by_id = {s.get("session_id"): s for s in result.sessions if isinstance(s, dict)}
         video = getattr(result, "video", None)
-        for i, (ep, chunk) in enumerate(zip(episodes, chunks)):
+        for i, (ep, chunk, mark) in enumerate(zip(episodes, chunks, marks)):
+            ep.executor.offer(chunk, mark, ep.sim_time)  # row 0: the sim stood still during the request
             ep.chunk, ep.first_call = chunk, False
             ep.latencies_ms.append(latency_ms)
             if ep.imagined is not None:
@@ -328,8 +342,13 @@ class LiberoEvaluation:
             sent = []
             t0 = time.perf_counter()
             for slot in live:
+                nxt = slot.episode.executor.next_action(slot.episode.sim_time)
+                if nxt is None:  # nothing left to execute (a refused or used-up chunk): never a stale action
+                    self._finish(slot, {"reason": "stale_chunk", "message": "no chunk to execute",
+                                        "step": slot.episode.steps})  # fmt: skip
+                    continue
                 try:
-                    slot.worker.send_step(slot.episode.chunk[row])
+                    slot.worker.send_step(nxt[1])
                     sent.append(slot)
                 except EnvFailure as exc:
                     self._fail_worker(slot, exc)

@@ -17,6 +17,7 @@ import numpy as np
 
 from dreamzero.errors import ConfigError
 from eval.env_contract import IMAGE_KEYS
+from eval.mujoco_droid import table2
 from eval.mujoco_droid.scene import (
     ARM_JOINTS,
     CONTROL_HZ,
@@ -27,7 +28,7 @@ from eval.mujoco_droid.scene import (
     build_scene,
     scene_spec,
 )
-from eval.success import placed_in
+from eval.success import LIFTED_M, placed_in, placement_outcome
 
 RENDER_QUALITIES = ("quality", "fast")
 #: our camera names, in the order of IMAGE_KEYS
@@ -36,7 +37,11 @@ _GRIPPER_CTRL_OPEN = 255.0  # franky-sim's hand actuator: 255 = open, 0 = closed
 
 
 class MujocoDroidEnv(gym.Env):
-    """DROID scene 1, 2 or 3 on MuJoCo (CPU). See `eval.env_contract` for the observation / action layout."""
+    """DROID scene 1, 2, 3 or 4 on MuJoCo (CPU). See `eval.env_contract` for the observation / action layout.
+
+    Scene 4 (`table2`) holds two objects and two targets: `instruction` picks one of its four instructions, or
+    None / "all" draws one per episode from the reset seed; `task_object` / `task_target` name the episode's pair.
+    """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": CONTROL_HZ}
 
@@ -50,6 +55,7 @@ class MujocoDroidEnv(gym.Env):
         terminate_on_success: bool = False,
         render_mode: str | None = None,
         layouts: str | None = None,
+        instruction: str | None = None,
     ):
         if render_quality not in RENDER_QUALITIES:
             raise ConfigError(f"render_quality: expected one of {RENDER_QUALITIES}, got {render_quality!r}")
@@ -67,11 +73,19 @@ class MujocoDroidEnv(gym.Env):
             if scene_id != 1:
                 raise ConfigError(f"layouts: the sampled layouts are scene 1's (cube -> bowl), got scene {scene_id}")
         self.scene = scene_spec(scene_id)
+        if scene_id == table2.SCENE_ID:
+            self._instruction_choice = table2.check_instruction_choice(instruction)
+        elif instruction is not None and instruction != self.scene.instruction:
+            raise ConfigError(
+                f"instruction: scene {scene_id} has one, {self.scene.instruction!r}; the instructions are scene "
+                f"{table2.SCENE_ID}'s, got {instruction!r}"
+            )
         # None: the scene's fixed positions + jitter; a `expert.LAYOUTS` name: the demonstrations' layout distribution,
         # drawn from the reset seed as `dreamzero-record-demos` draws it (disjoint seeds = held-out layouts)
         self.layouts = layouts
         self.scene_id = scene_id
         self.instruction = self.scene.instruction
+        self.task_object, self.task_target = self.scene.object_name, self.scene.target_name
         self.control_hz = CONTROL_HZ
         self.max_episode_steps = max_episode_steps
         self.render_mode = render_mode
@@ -83,11 +97,12 @@ class MujocoDroidEnv(gym.Env):
         self.data = mujoco.MjData(self.model)
         self._arm_qpos = np.array([self.model.joint(j).qposadr[0] for j in ARM_JOINTS])
         self._finger_qpos = np.array([self.model.joint(j).qposadr[0] for j in FINGER_JOINTS])
-        self._bodies = {name: self.model.body(name).id for name in (self.scene.object_name, self.scene.target_name)}
-        self._free_qpos = {
-            name: self.model.joint(f"{name}_free").qposadr[0]
-            for name in (self.scene.object_name, self.scene.target_name)
-        }
+        self._bodies = {name: self.model.body(name).id for name in self.scene.bodies}
+        self._free_qpos = {name: self.model.joint(f"{name}_free").qposadr[0] for name in self.scene.bodies}
+        self._start_z: dict[str, float] = {}
+        # objects whose centre of mass rose LIFTED_M above its start this episode (the centre, not the base: a can or
+        # cube knocked over raises its base, not its centre)
+        self._lifted: set[str] = set()
         lo, hi = self.model.jnt_range[[self.model.joint(j).id for j in ARM_JOINTS]].T
         self.joint_low, self.joint_high = lo.copy(), hi.copy()
 
@@ -126,7 +141,14 @@ class MujocoDroidEnv(gym.Env):
             ((self.scene.object_name, self.scene.object_xy), (self.scene.target_name, self.scene.target_xy)),
             self._jitter,
         )
-        if self.layouts is not None:
+        if self.scene_id == table2.SCENE_ID:
+            rng = np.random.default_rng(seed) if seed is not None else self.np_random
+            task = table2.episode_instruction(
+                seed if seed is not None else int(rng.integers(2**31)), self._instruction_choice
+            )
+            self.instruction, self.task_object, self.task_target = task.instruction, task.object_name, task.target_name
+            placements, jitter_m = tuple(table2.sample_layout(rng).items()), 0.0
+        elif self.layouts is not None:
             from eval.mujoco_droid.expert import sample_layout
 
             rng = np.random.default_rng(seed) if seed is not None else self.np_random
@@ -142,6 +164,8 @@ class MujocoDroidEnv(gym.Env):
         self.data.ctrl[7] = _GRIPPER_CTRL_OPEN
         mujoco.mj_forward(self.model, self.data)
         self._steps = 0
+        self._start_z = {name: float(self.data.xipos[bid][2]) for name, bid in self._bodies.items()}
+        self._lifted = set()
         return self._observation(), self._info()
 
     def step(self, action):
@@ -152,6 +176,9 @@ class MujocoDroidEnv(gym.Env):
         self.data.ctrl[7] = _GRIPPER_CTRL_OPEN * (1.0 - float(np.clip(action[7], 0.0, 1.0)))
         mujoco.mj_step(self.model, self.data, nstep=SUBSTEPS)
         self._steps += 1
+        for name, bid in self._bodies.items():  # sampled once per control step: a grasp holds for many
+            if self.data.xipos[bid][2] - self._start_z.get(name, 0.0) > LIFTED_M:
+                self._lifted.add(name)
         success = self.is_success()
         terminated = bool(success and self._terminate_on_success)
         truncated = self._steps >= self.max_episode_steps
@@ -177,7 +204,23 @@ class MujocoDroidEnv(gym.Env):
 
     def is_success(self) -> bool:
         poses = self.object_poses()
-        return placed_in(poses[self.scene.object_name], poses[self.scene.target_name])
+        return placed_in(poses[self.task_object], poses[self.task_target])
+
+    def outcome(self) -> dict | None:
+        """Scene 4: the episode's instruction and verdict so far (`eval.success.placement_outcome`: success,
+        wrong_object, wrong_target); None on the one-object scenes, whose verdict is `is_success`."""
+        if self.scene.other_object is None:
+            return None
+        task = table2.task_for(self.instruction)
+        verdict = placement_outcome(
+            self.object_poses(),
+            task.object_name,
+            task.target_name,
+            task.other_object,
+            task.other_target,
+            other_lifted=task.other_object in self._lifted,
+        )
+        return {"instruction": self.instruction, "object": task.object_name, "target": task.target_name, **verdict}
 
     def tcp_position(self) -> np.ndarray:
         """Tool centre point in the base frame (the base sits at the world origin)."""

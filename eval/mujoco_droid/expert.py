@@ -1,11 +1,14 @@
-"""A scripted pick-and-place expert for the MuJoCo DROID scene 1 (cube -> bowl), for demonstrations.
+"""A scripted pick-and-place expert for the MuJoCo DROID scenes 1 (cube -> bowl) and 4 (either object into either
+target, as the episode's instruction says), for demonstrations.
 
 The expert reads the privileged object poses, plans a tool-centre-point path (above the cube, down, grasp, lift,
 over the bowl, down, release, up) and turns each 15 Hz path point into absolute joint targets with damped
 least-squares inverse kinematics on the scene's own MuJoCo model (so the targets are exact for the simulated arm).
 The gripper points straight down with the home pose's wrist angle, so its fingers close along a base diagonal; the
 scene turns the cube 45 degrees in its body (`scene.CUBE_FACING_FINGERS`) so that they meet two faces, and the
-cube is never turned further, so no wrist rotation is needed.
+cube is never turned further, so no wrist rotation is needed. The can is round, so any finger direction holds it.
+Heights depend on the object and the target (`_GRIP_Z`, `_RIM_Z`): the can is gripped higher than the cube, and an
+object goes into the mug (9 cm walls) from higher than into the bowl; scene 1's path is what it always was.
 
 Layouts (`LAYOUTS`, drawn by `sample_layout`): "wide" puts the cube and the bowl anywhere in a 0.22 m x 0.50 m
 patch of the table in front of the robot (x 0.40..0.62 m, y -0.25..0.25 m), at least 0.18 m apart; either may be left
@@ -22,6 +25,7 @@ import mujoco
 import numpy as np
 
 from dreamzero.errors import ConfigError
+from eval.mujoco_droid import table2
 from eval.mujoco_droid.scene import HOME_QPOS
 
 #: the "wide" table patch both objects are drawn from (m, base frame) and their minimum centre distance
@@ -35,6 +39,21 @@ _HOVER_Z = 0.14  # approach height above the cube
 _CARRY_Z = 0.20  # transport height
 _RELEASE_Z = 0.12  # TCP height over the bowl when the gripper opens
 _GRIP_HOLD_STEPS = 8  # steps to wait while the fingers close or open
+#: TCP height above the object's base at the grasp: the cube at its centre; the 11 cm can near its top third, below
+#: the palm (which sits about 4.5 cm above the TCP) and with the finger pads on the can
+_GRIP_Z = {"cube": _GRASP_Z, "can": 0.075}
+#: rim height of each target above its base, and the clearance of the held object's base over it at the release
+_RIM_Z = {"bowl": 0.055, "mug": 0.094, "bin": 0.085}
+_RIM_CLEARANCE_M = 0.02
+
+
+def path_heights(object_name: str, target_name: str) -> tuple[float, float, float, float]:
+    """TCP heights (grasp, hover, carry, release) for moving `object_name` into `target_name` (m above the table)."""
+    if object_name not in _GRIP_Z or target_name not in _RIM_Z:
+        raise ConfigError(f"expert: no grasp for {object_name!r} -> {target_name!r} (known: {sorted(_GRIP_Z)})")
+    grasp = _GRIP_Z[object_name]
+    release = max(_RELEASE_Z, _RIM_Z[target_name] + grasp + _RIM_CLEARANCE_M)
+    return grasp, max(_HOVER_Z, grasp + 0.09), max(_CARRY_Z, release + 0.04), release
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,14 @@ LAYOUTS = {
     "wide": LayoutRange(_WIDE_BOX, _WIDE_BOX, MIN_SEPARATION_M),
     "compact": LayoutRange(((0.44, 0.02), (0.56, 0.22)), ((0.44, -0.22), (0.56, -0.02)), 0.12),
 }
+
+
+#: scene 4 (`table2`): every body anywhere on its patch, so a detour's via point is drawn over the whole patch
+SCENE4_RANGE = LayoutRange(
+    ((table2.LAYOUT_X[0], table2.LAYOUT_Y[0]), (table2.LAYOUT_X[1], table2.LAYOUT_Y[1])),
+    ((table2.LAYOUT_X[0], table2.LAYOUT_Y[0]), (table2.LAYOUT_X[1], table2.LAYOUT_Y[1])),
+    table2.MIN_OBJECT_OBJECT_M,
+)
 
 
 def layout_range(name: str) -> LayoutRange:
@@ -94,12 +121,12 @@ class Detours:
 DETOUR_MARGIN_M = 0.04  # via points are drawn from the object's patch widened by this much on every side
 
 
-def sample_detours(rng: np.random.Generator, layouts: str, probability: float) -> Detours:
+def sample_detours(rng: np.random.Generator, layouts: str | LayoutRange, probability: float) -> Detours:
     """Each of the two detours independently with `probability`, its via point uniform over the (widened) patch of
-    the object it leads to."""
+    the object it leads to (`layouts`: a `LAYOUTS` name, or the ranges themselves, as scene 4's `SCENE4_RANGE`)."""
     if not 0.0 <= probability <= 1.0:
         raise ConfigError(f"detours: expected a probability in [0, 1], got {probability}")
-    spec = layout_range(layouts)
+    spec = layouts if isinstance(layouts, LayoutRange) else layout_range(layouts)
 
     def via(box) -> tuple[float, float] | None:
         lo, hi = np.asarray(box[0]) - DETOUR_MARGIN_M, np.asarray(box[1]) + DETOUR_MARGIN_M
@@ -177,17 +204,19 @@ class ScriptedExpert:
     def reset(self, detours: Detours | None = None) -> None:
         """Plan from the current object positions (call after the env reset), through `detours`' via points."""
         poses = self.env.object_poses()
-        cube = poses[self.env.scene.object_name][:3]
-        bowl = poses[self.env.scene.target_name][:3]
+        # the episode's pair: the scene's one, or on scene 4 the one its instruction names
+        cube = poses[self.env.task_object][:3]
+        bowl = poses[self.env.task_target][:3]
+        grasp_z, hover_z, carry_z, release_z = path_heights(self.env.task_object, self.env.task_target)
         start = self.env.tcp_position()
-        above_cube = np.array([cube[0], cube[1], _HOVER_Z])
-        grasp = np.array([cube[0], cube[1], _GRASP_Z])
-        lift = np.array([cube[0], cube[1], _CARRY_Z])
-        over_bowl = np.array([bowl[0], bowl[1], _CARRY_Z])
-        release = np.array([bowl[0], bowl[1], _RELEASE_Z])
+        above_cube = np.array([cube[0], cube[1], hover_z])
+        grasp = np.array([cube[0], cube[1], grasp_z])
+        lift = np.array([cube[0], cube[1], carry_z])
+        over_bowl = np.array([bowl[0], bowl[1], carry_z])
+        release = np.array([bowl[0], bowl[1], release_z])
         detours = detours or Detours()
-        reach = [] if detours.reach is None else [(start, np.array([*detours.reach, _HOVER_Z]), 0.0)]
-        carry = [] if detours.carry is None else [(lift, np.array([*detours.carry, _CARRY_Z]), 1.0)]
+        reach = [] if detours.reach is None else [(start, np.array([*detours.reach, hover_z]), 0.0)]
+        carry = [] if detours.carry is None else [(lift, np.array([*detours.carry, carry_z]), 1.0)]
         legs = [
             *reach,
             (reach[0][1] if reach else start, above_cube, 0.0),

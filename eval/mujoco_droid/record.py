@@ -1,8 +1,10 @@
-"""`dreamzero-record-demos`: record scripted-expert demonstrations of scene 1 as a LeRobot v3.0 dataset.
+"""`dreamzero-record-demos`: record scripted-expert demonstrations of scene 1 or 4 as a LeRobot v3.0 dataset.
 
-Each episode: a random layout (`expert.sample_layout` from the `--layouts` ranges), the expert runs its plan plus a
-short hold at 15 Hz, and the episode is kept only if the cube ended in the bowl (failed ones are counted and reported,
-never written). Columns use DROID's names, so `dreamzero-make-metadata --tag oxe_droid` reads the result as it is:
+Each episode: a random layout (scene 1: `expert.sample_layout` from the `--layouts` ranges; scene 4:
+`table2.sample_layout`, with the `--instruction` given or, with "all", one per episode from its seed), the expert runs
+its plan plus a short hold at 15 Hz, and the episode is kept only if the named object ended in the named target
+(failed ones are counted and reported, never written). Each episode's instruction is its LeRobot task. Columns use
+DROID's names, so `dreamzero-make-metadata --tag oxe_droid` reads the result as it is:
     observation.state   [8]  joint_position (7) + gripper_position (1, 1 closed), before the step
     action              [8]  absolute joint targets (7) + gripper command (1), sent at that step
     observation.images.{exterior_image_1_left, exterior_image_2_left, wrist_image_left}   mp4 videos
@@ -16,6 +18,7 @@ import json
 import logging
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,8 +34,10 @@ from dreamzero_droid.lerobot import (
     write_dataset,
 )
 from eval.env_contract import IMAGE_KEYS
+from eval.mujoco_droid import table2
 from eval.mujoco_droid.expert import (
     LAYOUTS,
+    SCENE4_RANGE,
     ScriptedExpert,
     layout_range,
     reset_with_layout,
@@ -65,11 +70,31 @@ def record_episode(
     env, expert: ScriptedExpert, seed: int, layouts: str = "wide", detours: float = 0.0
 ) -> tuple[Episode, bool]:
     """One expert episode from layout seed `seed` (detours with probability `detours`, drawn from the same seed);
-    returns it and whether the cube ended in the bowl."""
-    layout = sample_layout(np.random.default_rng(seed), layouts)
-    via = sample_detours(np.random.default_rng([seed, 1]), layouts, detours)
-    obs = reset_with_layout(env, seed, layout)
-    expert.reset(via)
+    returns it and whether the named object ended in the named target."""
+    if env.scene_id == table2.SCENE_ID:  # the env's reset draws the layout and the instruction from the seed
+        via = sample_detours(np.random.default_rng([seed, 1]), SCENE4_RANGE, detours)
+        obs, _ = env.reset(seed=seed)
+        expert.reset(via)
+        poses = env.object_poses()
+        extra = {
+            "seed": seed,
+            "instruction": env.instruction,
+            **{f"{k}_xy": tuple(map(float, poses[k][:2])) for k in poses},
+            "detour_reach_xy": via.reach,
+            "detour_carry_xy": via.carry,
+        }
+    else:
+        layout = sample_layout(np.random.default_rng(seed), layouts)
+        via = sample_detours(np.random.default_rng([seed, 1]), layouts, detours)
+        obs = reset_with_layout(env, seed, layout)
+        expert.reset(via)
+        extra = {
+            "seed": seed,
+            "object_xy": layout.object_xy,
+            "target_xy": layout.target_xy,
+            "detour_reach_xy": via.reach,
+            "detour_carry_xy": via.carry,
+        }
     states, actions, frames = [], [], {k: [] for k in VIDEO_FEATURES}
     for _ in range(min(expert.planned_steps + HOLD_STEPS, env.max_episode_steps)):
         action = expert.act()
@@ -82,13 +107,7 @@ def record_episode(
         task=env.instruction,
         vectors={"observation.state": np.stack(states), "action": np.stack(actions)},
         videos={VIDEO_FEATURES[k]: np.stack(v) for k, v in frames.items()},
-        extra={
-            "seed": seed,
-            "object_xy": layout.object_xy,
-            "target_xy": layout.target_xy,
-            "detour_reach_xy": via.reach,
-            "detour_carry_xy": via.carry,
-        },  # fmt: skip
+        extra=extra,
     )
     return episode, bool(info["success"])
 
@@ -100,21 +119,34 @@ def record_demos(
     image_size: tuple[int, int] = (180, 320),
     render_quality: str = "quality",
     max_attempts: int | None = None,
-    layouts: str = "wide",
+    layouts: str | None = None,
     detours: float = 0.0,
     video: str = "standard",
+    scene: int = 1,
+    instruction: str | None = None,
 ) -> dict:
-    """Record `num_episodes` successful episodes under `out` (videos in encoding `video`, see
-    dreamzero_droid.lerobot.VIDEO_ENCODINGS); returns a summary (attempts, success rate, frames)."""
+    """Record `num_episodes` successful episodes of `scene` (1, or 4 with `instruction`: one of
+    `table2.INSTRUCTIONS`, or None / "all" for one per episode from its seed) under `out` (videos in encoding `video`,
+    see dreamzero_droid.lerobot.VIDEO_ENCODINGS); returns a summary (attempts, success rate, frames).
+    `layouts` (default "wide") is scene 1's; `detours` (a probability) applies to both."""
     from eval.mujoco_droid.env import MujocoDroidEnv
 
-    layout_range(layouts)  # fail on a bad name, probability or encoding before building the scene
+    if scene not in (1, table2.SCENE_ID):
+        raise ConfigError(f"scene: the scripted expert records scenes 1 and {table2.SCENE_ID}, got {scene}")
+    if scene == table2.SCENE_ID and layouts is not None:
+        raise ConfigError(f"layouts: scene 1's option; scene {table2.SCENE_ID} draws its own layouts")
+    if scene == 1 and instruction is not None:
+        raise ConfigError(f"instruction: scene 1 has one; the instructions are scene {table2.SCENE_ID}'s")
+    layouts = layouts or "wide"
+    layout_range(layouts)  # fail on a bad name, probability, instruction or encoding before building the scene
     video_encoding_name(video)
     sample_detours(np.random.default_rng(0), layouts, detours)
     if num_episodes < 1:
         raise ConfigError(f"episodes: expected >= 1, got {num_episodes}")
     max_attempts = max_attempts or 2 * num_episodes + 5
-    env = MujocoDroidEnv(1, image_size=image_size, render_quality=render_quality, max_episode_steps=400)
+    env = MujocoDroidEnv(
+        scene, image_size=image_size, render_quality=render_quality, max_episode_steps=400, instruction=instruction
+    )
     expert = ScriptedExpert(env)
     kept, attempts, t0 = [], 0, time.monotonic()
     try:
@@ -130,11 +162,12 @@ def record_demos(
     finally:
         env.close()
     for episode in kept:
-        episode.extra["layouts"] = layouts
+        episode.extra["layouts"] = layouts if scene == 1 else f"scene{scene}"
     root = _write(out, kept, env.control_hz, video)
     summary = {
         "episodes": len(kept), "attempts": attempts, "expert_success_rate": len(kept) / attempts,
         "frames": sum(len(e) for e in kept), "seconds": round(time.monotonic() - t0, 1), "root": str(root),
+        "scene": scene, "tasks": dict(sorted(Counter(e.task for e in kept).items())),
     }  # fmt: skip
     (root / "meta" / "recording.json").write_text(json.dumps(summary, indent=1))
     return summary
@@ -200,7 +233,8 @@ def record_in_parallel(out: str | Path, num_episodes: int, seed: int, workers: i
     return {
         "episodes": num_episodes, "attempts": attempts, "expert_success_rate": num_episodes / attempts,
         "frames": sum(s["frames"] for s in summaries), "seconds": max(s["seconds"] for s in summaries),
-        "root": str(root), "workers": workers,
+        "root": str(root), "workers": workers, "scene": summaries[0].get("scene", 1),
+        "tasks": dict(sorted(sum((Counter(s.get("tasks", {})) for s in summaries), Counter()).items())),
     }  # fmt: skip
 
 
@@ -224,7 +258,27 @@ def _parser() -> argparse.ArgumentParser:
         help="renderer setting (default: %(default)s)",
     )
     parser.add_argument(
-        "--layouts", choices=sorted(LAYOUTS), default="wide", help="cube / bowl placement ranges (default: %(default)s)"
+        "--scene",
+        type=int,
+        choices=(1, table2.SCENE_ID),
+        default=1,
+        help=f"1: the cube into the bowl; {table2.SCENE_ID}: two objects, two targets, four instructions "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--instruction",
+        "--instructions",
+        dest="instruction",
+        choices=(*table2.INSTRUCTIONS, table2.ALL),
+        default=None,
+        help=f"scene {table2.SCENE_ID}: one instruction, or 'all' for one per episode from its seed, balanced "
+        "(default: all)",
+    )
+    parser.add_argument(
+        "--layouts",
+        choices=sorted(LAYOUTS),
+        default=None,
+        help="scene 1: cube / bowl placement ranges (default: wide)",
     )
     parser.add_argument(
         "--workers", type=int, default=1, help="recorder processes, seed ranges 10000 apart (default: %(default)s)"
@@ -262,13 +316,10 @@ def _run(args) -> dict:
         raise ConfigError(f"--out: {out} exists and is not an empty directory; pick a new one")
     if args.workers > 1:
         shared = ["--image-size", *map(str, args.image_size), "--render-quality", args.render_quality]
-        return record_in_parallel(
-            args.out,
-            args.episodes,
-            args.seed,
-            args.workers,
-            [*shared, "--layouts", args.layouts, "--detours", str(args.detours), "--video", args.video],
-        )
+        shared += ["--scene", str(args.scene), "--detours", str(args.detours), "--video", args.video]
+        shared += ["--layouts", args.layouts] if args.layouts else []
+        shared += ["--instruction", args.instruction] if args.instruction else []
+        return record_in_parallel(args.out, args.episodes, args.seed, args.workers, shared)
     return record_demos(
         args.out,
         args.episodes,
@@ -278,6 +329,8 @@ def _run(args) -> dict:
         layouts=args.layouts,
         detours=args.detours,
         video=args.video,
+        scene=args.scene,
+        instruction=args.instruction,
     )
 
 

@@ -8,6 +8,7 @@ Objects per scene (stand-ins for the Isaac Lab USD assets):
   1. cube -> bowl      "put the cube in the bowl"
   2. can  -> mug       "pick up the can and put it in the mug"
   3. banana -> bin     "put the banana in the bin"
+  4. the cube and the can, the bowl and the mug at once, four instructions over them (`eval.mujoco_droid.table2`)
 Every object is a free body whose origin sits at its base, so the success rule compares like with like.
 """
 
@@ -49,12 +50,23 @@ class SceneSpec:
     target_name: str
     object_xy: tuple[float, float]
     target_xy: tuple[float, float]
+    # scene 4: a second object and a second target on the table; which pair the episode asks for is in its words
+    other_object: str | None = None
+    other_target: str | None = None
+
+    @property
+    def bodies(self) -> tuple[str, ...]:
+        """Every free body of the scene: objects first, then targets."""
+        names = (self.object_name, self.other_object, self.target_name, self.other_target)
+        return tuple(n for n in names if n is not None)
 
 
 SCENES: dict[int, SceneSpec] = {
     1: SceneSpec(1, "put the cube in the bowl", "cube", "bowl", (0.50, 0.15), (0.50, -0.15)),
     2: SceneSpec(2, "pick up the can and put it in the mug", "can", "mug", (0.48, -0.15), (0.52, 0.15)),
     3: SceneSpec(3, "put the banana in the bin", "banana", "bin", (0.45, 0.18), (0.55, -0.18)),
+    # positions here are only where the bodies are built; every reset draws the layout (table2.sample_layout)
+    4: SceneSpec(4, "put the cube in the bowl", "cube", "bowl", (0.42, 0.20), (0.58, -0.20), "can", "mug"),
 }
 
 
@@ -171,10 +183,10 @@ def _ring(body, name: str, radius: float, height: float, thickness: float, rgba,
         )
 
 
-def _add_objects(spec: mujoco.MjSpec, scene: SceneSpec) -> None:
+def _add_object(spec: mujoco.MjSpec, name: str, xy) -> None:
     box, cyl, cap = mujoco.mjtGeom.mjGEOM_BOX, mujoco.mjtGeom.mjGEOM_CYLINDER, mujoco.mjtGeom.mjGEOM_CAPSULE
-    obj = _free_body(spec, scene.object_name, scene.object_xy)
-    if scene.object_name == "cube":
+    obj = _free_body(spec, name, xy)
+    if name == "cube":
         obj.add_geom(
             name="cube_geom",
             type=box,
@@ -184,7 +196,7 @@ def _add_objects(spec: mujoco.MjSpec, scene: SceneSpec) -> None:
             rgba=[0.85, 0.1, 0.1, 1],
             mass=0.05,
         )
-    elif scene.object_name == "can":
+    elif name == "can":
         obj.add_geom(
             name="can_geom", type=cyl, size=[0.03, 0.055], pos=[0, 0, 0.055], rgba=[0.2, 0.5, 0.8, 1], mass=0.08
         )
@@ -200,13 +212,17 @@ def _add_objects(spec: mujoco.MjSpec, scene: SceneSpec) -> None:
                 rgba=[0.95, 0.85, 0.2, 1],
                 mass=0.05,
             )
-    target = _free_body(spec, scene.target_name, scene.target_xy)
-    if scene.target_name == "bowl":
+
+
+def _add_target(spec: mujoco.MjSpec, name: str, xy) -> None:
+    box, cyl = mujoco.mjtGeom.mjGEOM_BOX, mujoco.mjtGeom.mjGEOM_CYLINDER
+    target = _free_body(spec, name, xy)
+    if name == "bowl":
         target.add_geom(
             name="bowl_base", type=cyl, size=[0.07, 0.005], pos=[0, 0, 0.005], rgba=[0.9, 0.9, 0.95, 1], mass=0.1
         )
         _ring(target, "bowl", radius=0.08, height=0.05, thickness=0.01, rgba=[0.9, 0.9, 0.95, 1], z0=0.005)
-    elif scene.target_name == "mug":
+    elif name == "mug":
         target.add_geom(
             name="mug_base", type=cyl, size=[0.045, 0.004], pos=[0, 0, 0.004], rgba=[0.95, 0.95, 0.9, 1], mass=0.1
         )
@@ -226,6 +242,15 @@ def _add_objects(spec: mujoco.MjSpec, scene: SceneSpec) -> None:
             ((0.1, 0, 0.005, 0.1), (-0.1, 0, 0.005, 0.1), (0, 0.1, 0.1, 0.005), (0, -0.1, 0.1, 0.005))
         ):
             target.add_geom(name=f"bin_wall{i}", type=box, size=[sx, sy, 0.04], pos=[x, y, 0.045], rgba=grey, mass=0.05)
+
+
+def _add_objects(spec: mujoco.MjSpec, scene: SceneSpec) -> None:
+    _add_object(spec, scene.object_name, scene.object_xy)
+    _add_target(spec, scene.target_name, scene.target_xy)
+    if scene.other_object is not None:  # built away from the first pair; the env's reset places every body
+        _add_object(spec, scene.other_object, (scene.object_xy[0], -scene.object_xy[1]))
+    if scene.other_target is not None:
+        _add_target(spec, scene.other_target, (scene.target_xy[0], -scene.target_xy[1]))
 
 
 def build_scene_spec(scene_id: int) -> mujoco.MjSpec:

@@ -1,4 +1,6 @@
-"""One real single-node Ray cluster with Serve's HTTP proxy on a free port, shared by every cluster test.
+"""One real single-node Ray cluster with Serve's HTTP proxy on a free port, shared by every cluster test, and shut
+down right after the last of them (not at the end of the session: an idle cluster with its apps still spends a share
+of a core, which every later test of a serial run would pay).
 
 Apps are deployed the way `serve deploy` / `serve run serve_config.yaml` do it (import path + args through the
 controller), so a config-only change (replica count) scales the policy without replacing the other replicas.
@@ -61,11 +63,31 @@ def serve_cluster():
         if wait_for is not None:
             wait_replicas("Policy", wait_for, DEPLOY_TIMEOUT_S)
 
+    def shut_down() -> None:
+        if _shutdown.pop("cluster", None) is not None:
+            serve.shutdown()
+            ray.shutdown()
+
+    _shutdown["cluster"] = shut_down
     try:
         yield base_url, deploy
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        shut_down()
+
+
+#: how to shut the shared cluster down, while it runs
+_shutdown: dict = {}
+
+
+def pytest_runtest_teardown(item, nextitem):
+    """Shut the shared cluster down after the last test of this process that takes it (its fixture's exit then finds
+    nothing to do)."""
+    if "cluster" not in _shutdown or "serve_cluster" not in getattr(item, "fixturenames", ()):
+        return
+    items = item.session.items
+    later = items[items.index(item) + 1 :] if item in items else []
+    if not any("serve_cluster" in getattr(other, "fixturenames", ()) for other in later):
+        _shutdown["cluster"]()
 
 
 #: ray.init tries: Ray waits a fixed 30 s for a new node's raylet, which a loaded 2-core machine (the other pytest-xdist
@@ -186,3 +208,15 @@ def ensure_app(serve_cluster):
 def front_door(serve_cluster, ensure_app):
     ensure_app(FRONT_DOOR_ARGS, 1)
     return serve_cluster[0]
+
+
+def pytest_collection_modifyitems(items):
+    """The modules on the `front_door` app run one after another, first: its ~30 s deploy happens once, not again
+    after every module that deployed its own args in between (modules in alphabetical order interleave them). Only
+    the cluster tests move, among their own places, and each module's tests stay together."""
+    here = Path(__file__).parent
+    places = [i for i, item in enumerate(items) if Path(str(item.fspath)).is_relative_to(here)]
+    on_front_door = {str(items[i].fspath) for i in places if "front_door" in getattr(items[i], "fixturenames", ())}
+    ours = sorted((items[i] for i in places), key=lambda item: str(item.fspath) not in on_front_door)
+    for i, item in zip(places, ours):
+        items[i] = item

@@ -1,8 +1,9 @@
 """DROID evaluation against a live `serve run serve_config.yaml` (embedded tiny model, CPU) over the OpenPI WebSocket.
 
 1. a short run (scene 1, 1 episode, 2 chunks) produces the video, per-step JSON, summary and report;
-2. a second run with the server stopped halfway records the failure with its reason and finishes.
-The server is started once for the module on a free loopback port, in its own process group, and always torn down.
+2. a second run with the server gone halfway (a relay in front of it cut: open connections closed, new ones refused,
+   as a stopped server looks to the client) records the failure with its reason and finishes.
+The server is the e2e tier's shared `tiny_server` (tests/e2e/conftest.py).
 """
 
 from __future__ import annotations
@@ -16,15 +17,14 @@ from dreamzero_droid.policy import DroidPolicy
 from eval.cli import main
 from eval.mujoco_droid import MujocoDroidEnv
 from eval.runner import EvalConfig, run_evaluation
-from tests.support.serve_process import ServeRun
+from tests.support.tcp_relay import TcpRelay
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def live_server(tmp_path_factory):
-    with ServeRun(tmp_path_factory.mktemp("serve"), args={"model_path": None}) as server:  # the random tiny model
-        yield server
+@pytest.fixture
+def live_server(tiny_server):
+    return tiny_server
 
 
 def test_short_run_against_the_live_server(live_server, tmp_path):
@@ -58,17 +58,17 @@ def test_short_run_against_the_live_server(live_server, tmp_path):
 
 
 class _StopServerAfter:
-    """Wraps a link and stops the live server right after the n-th successful call."""
+    """Wraps a link and cuts the relay to the live server right after the n-th successful call."""
 
-    def __init__(self, link, n, server):
-        self.link, self.n, self.server, self.calls = link, n, server, 0
+    def __init__(self, link, n, relay: TcpRelay):
+        self.link, self.n, self.relay, self.calls = link, n, relay, 0
         self.name = link.name
 
     def send(self, query):
         reply = self.link.send(query)
         self.calls += 1
         if self.calls == self.n:
-            self.server.stop()
+            self.relay.cut()
         return reply
 
     def reset(self, session_id):
@@ -79,8 +79,13 @@ class _StopServerAfter:
 
 
 def test_server_stopped_halfway_is_recorded_and_the_run_finishes(live_server, tmp_path):
-    ws = OpenPILink(f"ws://127.0.0.1:{live_server.port}", timeout_s=30, max_reconnects=0)
-    link = DroidPolicy(_StopServerAfter(ws, 2, live_server))
+    with TcpRelay(live_server.port) as relay:
+        _run_until_the_server_is_gone(relay, tmp_path)
+
+
+def _run_until_the_server_is_gone(relay: TcpRelay, tmp_path) -> None:
+    ws = OpenPILink(f"ws://127.0.0.1:{relay.port}", timeout_s=30, max_reconnects=0)
+    link = DroidPolicy(_StopServerAfter(ws, 2, relay))
     try:
         config = EvalConfig(out_dir=tmp_path, episodes_per_scene=2, max_steps=24, record_video=False)
         summary = run_evaluation(lambda s: MujocoDroidEnv(s, image_size=(90, 160), render_quality="fast"), link, config)

@@ -219,60 +219,10 @@ def test_server_killed_mid_episode_holds_the_real_arm(franky_sim, tmp_path):
 
 
 # --- against the live DreamZero server (`serve run serve_config.yaml`, embedded tiny model on CPU) -----------------
-READY_TIMEOUT_S = 300.0
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def live_server(tmp_path_factory):
-    """`serve run` on a free loopback port, in its own process group; SIGINT then SIGKILL of the group at the end."""
-    import httpx
-    import yaml
-
-    tmp = tmp_path_factory.mktemp("franka-serve")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
-    cfg.setdefault("http_options", {}).update({"host": "127.0.0.1", "port": port})
-    cfg["applications"][0]["args"]["model_path"] = None  # the embedded tiny model (random weights), as documented
-    (tmp / "serve_config.yaml").write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": str(tmp_path_factory.mktemp("ray", numbered=True))}
-    log = open(tmp / "serve.log", "wb")  # closed in the finally
-    proc = subprocess.Popen(
-        [str(Path(sys.executable).with_name("serve")), "run", str(tmp / "serve_config.yaml")],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        preexec_fn=_own_group_and_die_with_parent,
-    )
-    try:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = (tmp / "serve.log").read_bytes()[-3000:].decode("utf-8", "replace")
-                pytest.fail(f"serve run not ready (exit {proc.poll()}):\n{tail}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=3.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2.0)
-        yield f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
-        log.close()
+@pytest.fixture
+def live_server(tiny_server):
+    """The e2e tier's shared `serve run` of the embedded tiny model (tests/e2e/conftest.py), as its WebSocket URL."""
+    return tiny_server.url.replace("http://", "ws://") + "/v1/realtime/robot/openpi"
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from tests.house.test_robot_client import DEPENDENCIES, ROBOT_CLIENT_TESTS, TEST_LIBRARIES, client_test_closure
-from tests.support.serve_process import ROOT, ServeRun
+from tests.support.serve_process import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PIP_TIMEOUT_S = 900
@@ -120,11 +120,10 @@ def test_the_robot_clients_tests_pass_with_that_package_alone(client_venv, tmp_p
     assert " passed" in run.stdout and "error" not in run.stdout.splitlines()[-1], run.stdout[-2000:]
 
 
-def test_the_client_talks_to_serve_run_without_torch_or_ray(client_venv, tmp_path):
-    python, _ = client_venv
-    with ServeRun(tmp_path) as server:
-        run = subprocess.run(
-            [str(python), "-c", CLIENT_SCRIPT, server.url], capture_output=True, text=True, timeout=900, cwd=tmp_path
-        )
-        assert run.returncode == 0, f"{run.stdout}\n{run.stderr[-3000:]}\n{server.log_tail()}"
-        assert "light client ok" in run.stdout
+def test_the_client_talks_to_serve_run_without_torch_or_ray(client_venv, tmp_path, shipped_server):
+    python, server = client_venv[0], shipped_server  # the shared `serve run` of the shipped config
+    run = subprocess.run(
+        [str(python), "-c", CLIENT_SCRIPT, server.url], capture_output=True, text=True, timeout=900, cwd=tmp_path
+    )
+    assert run.returncode == 0, f"{run.stdout}\n{run.stderr[-3000:]}\n{server.log_tail()}"
+    assert "light client ok" in run.stdout

@@ -1,62 +1,17 @@
-"""`serve run serve_config.yaml` as a user runs it: a subprocess, /health within a bound, real requests, SIGTERM.
-
-The shipped config is used as is, except the HTTP port (a free one) so parallel runs do not collide. Both front doors
-are covered: Serve's Python proxy (the default) and HAProxy (`RAY_SERVE_ENABLE_HA_PROXY=1` in the environment of
-`serve run`, docs/serving.md "Front door"): the HTTP route in msgpack, a malformed body, an OpenPI WebSocket
-episode and the 16 MiB WebSocket message cap must behave the same behind either.
+"""`serve run serve_config.yaml` as a user runs it, behind Serve's own Python proxy (the default front door): the
+shipped config as is, except the HTTP port (a free one), on the e2e tier's shared `serve run` (tests/e2e/conftest.py).
+The same checks behind HAProxy, and the SIGTERM exit, are in test_haproxy_front_door.py (tests/support/front_door.py:
+the HTTP route in msgpack, a malformed body, an OpenPI WebSocket episode and the 16 MiB WebSocket message cap).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import httpx
-import numpy as np
 import pytest
-import websockets
-from websockets.sync.client import connect as ws_connect
 
-from dreamzero_client.openpi_client import OpenPIClient
-from tests.support.host import pids_using
-from tests.support.observations import openpi_droid_observation
-from tests.support.request_builders import decode, raw_body
-from tests.support.serve_process import ServeRun
+from tests.support.front_door import check_front_door
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-JSON = {"content-type": "application/json"}
-REQUEST_TIMEOUT_S = 300
 
-
-@pytest.mark.parametrize("front_door", ["serve-proxy", "haproxy"])
-def test_serve_run_serves_the_shipped_config(tmp_path, front_door):
-    with ServeRun(tmp_path, haproxy=front_door == "haproxy") as server:
-        port, base = server.port, server.url
-        if front_door == "haproxy":  # really behind HAProxy: its process runs with our private config
-            argv0 = [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] for pid in pids_using(server.ray_tmp)]
-            assert any(a.endswith(b"haproxy") for a in argv0), argv0
-        with httpx.Client(timeout=REQUEST_TIMEOUT_S, trust_env=False) as client:
-            resp = client.post(
-                base + "/v1/actions/generations",
-                content=raw_body(["e2e-robot"]),
-                headers={"content-type": "application/msgpack", "accept": "application/msgpack"},
-            )
-            assert resp.status_code == 200, resp.content[:500]
-            out = decode(resp.content)
-            assert np.asarray(out["data"][0]["action"]["values"]).shape == (1, 24, 8)
-            assert out["sessions"][0]["restart_reason"] == "new_session"
-            bad = client.post(base + "/v1/actions/generations", content=b"{not json", headers=JSON)
-            assert bad.status_code == 400 and "traceback" not in bad.text.lower(), bad.text[:300]
-        ws_url = f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi"
-        with OpenPIClient(ws_url, timeout_s=REQUEST_TIMEOUT_S, response_format="dict") as ws:
-            assert ws.get_server_metadata()["needs_session_id"] is True
-            steps = [ws.infer(openpi_droid_observation(i, "e2e-ws"))["session"]["step"] for i in range(2)]
-            assert steps == [1, 2]
-        # either front door caps a WebSocket message at 16 MiB (uvicorn's default), under the shipped 64 MiB limit
-        with ws_connect(f"ws://127.0.0.1:{port}/v1/realtime/robot/openpi", max_size=None, open_timeout=30) as raw_ws:
-            raw_ws.recv(timeout=30)
-            raw_ws.send(b"\0" * (17 << 20))
-            with pytest.raises(websockets.ConnectionClosed) as closed:
-                raw_ws.recv(timeout=60)
-            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
-        assert server.stop() is not None  # SIGTERM: `serve run` exits (a backgrounded one ignores SIGINT)
+def test_serve_run_serves_the_shipped_config(shipped_server):
+    check_front_door(shipped_server, "e2e-proxy")

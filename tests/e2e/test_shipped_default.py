@@ -15,28 +15,27 @@ import pytest
 import yaml
 
 from eval.cli import main
-from tests.support.serve_process import ROOT, ServeRun
+from tests.support.serve_process import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_one_episode_with_the_shipped_weights(tmp_path):
+def test_one_episode_with_the_shipped_weights(tmp_path, shipped_server):
     cfg = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     assert cfg["applications"][0]["args"]["model_path"] == "embedded:small-scene1"
-    (tmp_path / "serve").mkdir()
-    with ServeRun(tmp_path / "serve") as server:
-        with httpx.Client(timeout=60, trust_env=False) as client:
-            models = client.get(server.url + "/v1/models").json()["data"]
-        assert [m["config"] for m in models] == ["small"], models
-        out = tmp_path / "eval"
-        code = main(
-            [
-                "--scenes", "1", "--episodes", "1", "--layouts", "compact", "--seed", "100000",
-                "--image-size", "90", "160", "--open-loop-horizon", "24", "--max-steps", "72",
-                "--port", str(server.port), "--timeout-s", "120", "--out", str(out), "--no-progress",
-            ]
-        )  # fmt: skip
-        assert code == 0, server.log_tail()
+    server = shipped_server  # the shared `serve run` of the shipped config (tests/e2e/conftest.py)
+    with httpx.Client(timeout=60, trust_env=False) as client:
+        models = client.get(server.url + "/v1/models").json()["data"]
+    assert [m["config"] for m in models] == ["small"], models
+    out = tmp_path / "eval"
+    code = main(
+        [
+            "--scenes", "1", "--episodes", "1", "--layouts", "compact", "--seed", "100000",
+            "--image-size", "90", "160", "--open-loop-horizon", "24", "--max-steps", "72",
+            "--port", str(server.port), "--timeout-s", "120", "--out", str(out), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0, server.log_tail()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failed_episodes"] == 0, summary["failures"]
     assert summary["server_calls"] == 3

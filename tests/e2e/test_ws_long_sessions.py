@@ -1,8 +1,8 @@
 """WebSocket sessions that outlive Serve's proxy `request_timeout_s` and reconnects, through `serve run`.
 
 Serve's proxy bounds a whole WebSocket connection by `http_options.request_timeout_s` (one ASGI call to it). The
-operator here sets it to 15 s in a copy of the shipped config: `OpenPIClient` (which sends Serve's per-request
-override, `x-request-timeout-seconds: 0`) steps one session for 60 s on one connection without a restart (other than
+operator here sets it to 8 s in a copy of the shipped config: `OpenPIClient` (which sends Serve's per-request
+override, `x-request-timeout-seconds: 0`) steps one session for 25 s on one connection without a restart (other than
 the model's own window), while a reference-style client without the header, on the same server, is cut at the bound
 (the control: the bound is real). Then a dropped connection is reopened with the resume token and continues its
 session, and a wrong echo restarts it, flagged.
@@ -26,8 +26,8 @@ from tests.support.serve_process import ROOT, ServeRun
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-PROXY_TIMEOUT_S = 15
-STEP_FOR_S = 60
+PROXY_TIMEOUT_S = 8
+STEP_FOR_S = 25
 CALL_TIMEOUT_S = 120
 #: the tiny embedded model with the cheapest loop (what the cluster tests run)
 ARGS = {

@@ -26,6 +26,9 @@ def test_raw_form_returns_robot_actions(graph):
         "session_id": "raw-0", "step": 1, "restarted": True, "restart_reason": "new_session",
         "frame_position": resp["sessions"][0]["frame_position"],
         "incarnation": resp["sessions"][0]["incarnation"],
+        # the fleet's echo (docs/fleet.md): no observed_at sent, so the server's receive time
+        "observed_at": resp["sessions"][0]["observed_at"], "observed_at_source": "server",
+        "server_ms": resp["sessions"][0]["server_ms"], "traffic_class": "realtime",
     }  # fmt: skip
     assert isinstance(resp["sessions"][0]["incarnation"], str) and len(resp["sessions"][0]["incarnation"]) == 12
     assert {"preprocess", "policy", "postprocess", "decode"} <= set(resp["timings"])

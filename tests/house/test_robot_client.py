@@ -33,6 +33,7 @@ ROBOT_CLIENT_TESTS = (
     "tests/unit/client/test_zmq_client_extra.py",
     "tests/unit/client/test_quota.py",
     "tests/unit/client/test_tls.py",
+    "tests/unit/client/test_fleet_fields.py",
 )
 #: what those tests may import besides the standard library: the client package, its libraries, and test-only ones
 #: (tests/e2e/test_light_client.py installs these beside it)

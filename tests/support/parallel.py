@@ -5,6 +5,8 @@ slower here, docs/testing.md) shares the suite between its workers.
 Every test gets an `xdist_group`, and a group runs whole on one worker:
   - all of tests/cluster is one group, so one worker starts the session's Ray cluster (tests/cluster/conftest.py)
     and every cluster test reuses it, as in a serial run (two clusters would also cost two ~30 s deploys per app);
+  - the e2e tests that take one of the tier's shared `serve run`s (`shipped_server`, `tiny_server`:
+    tests/e2e/conftest.py) are one group per server, so each starts once;
   - any other test is grouped by its module, so a module-scoped fixture (a trained model, a written checkpoint, a
     `serve run`) is built once, never once per worker.
 
@@ -29,6 +31,8 @@ import pytest
 #: groups started first, longest first (the suite's --durations): whatever is not named keeps its collection order
 FIRST = ("tests/e2e/test_gpu_rehearsal.py", "tests/cluster", "tests/e2e")
 CLUSTER_GROUP = "tests/cluster"
+#: the e2e tier's shared `serve run` fixtures: the tests taking one are a group (named for it)
+SHARED_SERVERS = ("shipped_server", "tiny_server")
 
 
 def worker_id() -> str | None:
@@ -62,9 +66,16 @@ def torch_threads() -> None:
     torch.set_num_threads(n)
 
 
-def group_of(nodeid: str) -> str:
+def group_of(nodeid: str, fixtures: tuple[str, ...] | list[str] = ()) -> str:
+    shared = [name for name in SHARED_SERVERS if name in fixtures]
+    if shared:
+        return "tests/e2e/" + shared[0]
     path = nodeid.split("::", 1)[0]
     return CLUSTER_GROUP if path.startswith(CLUSTER_GROUP + "/") else path
+
+
+def _group(item: pytest.Item) -> str:
+    return group_of(item.nodeid, getattr(item, "fixturenames", ()))
 
 
 def _rank(group: str) -> int:
@@ -78,6 +89,6 @@ def assign_groups(items: list[pytest.Item]) -> None:
     """Mark each item with its group and, in a worker, order the groups longest first (a stable sort: the order
     within a group, and among groups of one rank, stays the collection's)."""
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(group_of(item.nodeid)))
+        item.add_marker(pytest.mark.xdist_group(_group(item)))
     if worker_id() is not None:
-        items.sort(key=lambda item: _rank(group_of(item.nodeid)))
+        items.sort(key=lambda item: _rank(_group(item)))

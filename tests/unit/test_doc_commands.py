@@ -67,6 +67,7 @@ EXCLUDED = {
     r"python -m dreamzero\.train\.ship runs/": "needs the fine-tuned checkpoint of the commands above it",
     r"PYTHONPATH=": "cluster tests and reliability benchmarks (minutes, run by the cluster tier)",
     r"curl ": "needs a running server",
+    r"python benchmarks/fleet\.py": "measures fleets for minutes (tests/unit/benchmarks/test_fleet.py runs one)",
 }
 
 

@@ -164,11 +164,15 @@ class ActionClient:
         rtc_exec_horizon: int | Sequence[int | None] | None = None,
         action_prefix: Any = None,
         return_video: bool = False,
+        traffic_class: str | Sequence[str] | None = None,
+        deadline_ms: float | Sequence[float | None] | None = None,
+        observed_at: float | Sequence[float | None] | None = None,
     ) -> ActionResult:
         """One action chunk for every session in `session_ids` (observation arrays carry a leading batch dim B).
 
         `expected_steps` / `expected_incarnations` (per row) replace what the client tracked, for a caller that
-        keeps continuity itself. The RTC arguments take one value for every row or one per row (docs/rtc.md).
+        keeps continuity itself. The RTC and fleet arguments (docs/rtc.md, docs/fleet.md: sent only when given) take
+        one value for every row or one per row.
         """
         ids = [session_ids] if isinstance(session_ids, str) else list(session_ids)
         b = len(ids)
@@ -185,11 +189,8 @@ class ActionClient:
                 raise ValueError(f"reset has {len(mask)} entries for {b} sessions")
         mask = [m or sid in self._pending_resets for m, sid in zip(mask, ids)]
         expected = list(expected_steps) if expected_steps is not None else [self._steps.get(s) for s in ids]
-        incarnations = (
-            list(expected_incarnations)
-            if expected_incarnations is not None
-            else [self._incarnations.get(s) for s in ids]
-        )
+        known = [self._incarnations.get(s) for s in ids]
+        incarnations = list(expected_incarnations) if expected_incarnations is not None else known
         if len(expected) != b or len(incarnations) != b:
             raise ValueError(f"expected_steps / expected_incarnations need {b} entries, one per session")
         expected = [None if m else s for m, s in zip(mask, expected)]
@@ -211,6 +212,7 @@ class ActionClient:
             return_video=return_video,
         )
         body["parameters"].update(self._rtc_parameters(b, rtc_prefix_len, rtc_exec_horizon, action_prefix))
+        body["parameters"].update(generations.fleet_fields(traffic_class, deadline_ms, observed_at))
         content, ctype = codec.encode_body(body, self.flavour)
         resp = self._request(
             "POST", routes.GENERATIONS_PATH, content=content, headers={"Content-Type": ctype}, timeout_s=timeout_s

@@ -32,7 +32,7 @@ from dreamzero_client.errors import (
     ReplyTimeout,
     ServerUnavailableError,
 )
-from dreamzero_client.wire import openpi
+from dreamzero_client.wire import generations, openpi
 
 log = logging.getLogger("dreamzero.clients.openpi")
 
@@ -120,10 +120,12 @@ class OpenPIClient:
         """The handshake frame of the current connection (the policy server config)."""
         return dict(self._metadata)
 
-    def infer(self, obs: dict) -> dict:
-        """Send one observation; returns a dict that always holds "actions" (np.ndarray)."""
+    def infer(self, obs: dict, *, traffic_class: str | None = None, deadline_ms=None, observed_at=None) -> dict:
+        """Send one observation; returns a dict that always holds "actions" (np.ndarray). The fleet's fields
+        (docs/fleet.md) are sent only when given."""
         if not isinstance(obs, dict):
             raise TypeError(f"obs must be a dict, got {type(obs).__name__}")
+        obs = {**obs, **generations.fleet_fields(traffic_class, deadline_ms, observed_at)}
         session_id = str(obs.get("session_id", openpi.OPENPI_DEFAULT_SESSION))
         if self.resume:
             obs = self._with_echo(obs, session_id)

@@ -31,7 +31,7 @@ from dreamzero_client.errors import (
     SecureChannelError,
     ServerError,
 )
-from dreamzero_client.wire import rldx
+from dreamzero_client.wire import generations, rldx
 
 
 def _server_error(reply: dict) -> ServerError:
@@ -193,7 +193,12 @@ class ZmqPolicyClient:
         except ReplyTimeout:
             return False
 
-    def get_action(self, observation: dict, options: dict | None = None) -> tuple[dict, dict]:
+    def get_action(
+        self, observation: dict, options: dict | None = None, *, traffic_class=None, deadline_ms=None, observed_at=None
+    ) -> tuple[dict, dict]:
+        """The fleet's fields (docs/fleet.md) go into `options` when given."""
+        if fleet := generations.fleet_fields(traffic_class, deadline_ms, observed_at):
+            options = {**(options or {}), **fleet}
         action, info = self.call("get_action", {"observation": observation, "options": options})
         return action, info
 

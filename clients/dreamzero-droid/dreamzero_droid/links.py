@@ -8,6 +8,10 @@ A query with `rtc` (real-time chunking, docs/rtc.md) adds, for its one row, `rtc
 [s] and, when the client sends its own, `action_prefix` float32 [1, P, 8] in robot units (HTTP: in `parameters`;
 OpenPI: keys of the same names, like the continuity fields).
 
+The fleet's fields of a query (docs/fleet.md: `observed_at`, `traffic_class`, `deadline_ms`) go the same way, each
+only when the query sets it, so a server that does not know them sees today's message: on OpenPI as keys (a list of
+one), over HTTP through `ActionClient.generate`'s keyword arguments of the same names.
+
     policy = DroidPolicy(connect("ws://gpu-box:8000"), prompt="wipe the table")
     policy = DroidPolicy(connect("wss://gpu-box:8443", ca_bundle="ca.pem"), prompt="wipe the table")  # TLS
 """
@@ -32,6 +36,16 @@ def rtc_fields(rtc: RtcRequest | None) -> dict:
     if rtc.action_prefix is not None:
         fields["action_prefix"] = np.asarray(rtc.action_prefix, dtype=np.float32)[None]
     return fields
+
+
+#: the fleet's per-row fields a query may carry (docs/fleet.md)
+FLEET_FIELDS = ("observed_at", "traffic_class", "deadline_ms")
+
+
+def fleet_fields(query) -> dict:
+    """The fleet fields a query sets, each as a list of one (the row-wise form); {} when it sets none (a
+    franka_pnp query has no such fields)."""
+    return {name: [value] for name in FLEET_FIELDS if (value := getattr(query, name, None)) is not None}
 
 
 class OpenPILink:
@@ -113,6 +127,7 @@ class OpenPILink:
             if query.expected_incarnation is not None:
                 msg["expected_incarnations"] = [query.expected_incarnation]
         msg.update(rtc_fields(query.rtc))
+        msg.update(fleet_fields(query))
         if self.return_video:
             msg["return_video"] = True
         return msg
@@ -179,6 +194,7 @@ class HttpLink:
             expected_steps=[None if query.first_call else query.expected_step],
             expected_incarnations=[None if query.first_call else query.expected_incarnation],
             **rtc_fields(query.rtc),
+            **fleet_fields(query),
             **({"return_video": True} if self.return_video else {}),
         )
         sessions = result.sessions or [None]

@@ -117,6 +117,12 @@ class Query:
     expected_step: int | None = None  # `step` of the session's last reply
     expected_incarnation: str | None = None  # `incarnation` of the session's last reply
     rtc: RtcRequest | None = None  # real-time chunking: continue the chunk being executed (None: a plain query)
+    # the fleet's fields (docs/fleet.md), sent only when set: when the observation was taken (the client's clock, s;
+    # the server echoes it), "realtime" | "batch", and ms until this robot runs out of actions
+    observed_at: float | None = None
+    traffic_class: str | None = None
+    deadline_ms: float | None = None
+    seq: int | None = None  # the query's number in its session (1, 2, ...): a late reply of an older one is known
 
 
 @dataclass(frozen=True)
@@ -183,6 +189,7 @@ class SessionPolicy:
         self.calls = 0
         self._last_step: int | None = None
         self._last_incarnation: str | None = None
+        self._answered_seq = 0  # the newest query whose reply set the continuity fields
 
     def observe(self, obs: dict) -> None:
         raise NotImplementedError
@@ -203,6 +210,11 @@ class SessionPolicy:
         with self._lock:
             if query.session_id != self.session_id:
                 return None  # a late reply of a session that was reset meanwhile
+            seq = getattr(query, "seq", None)
+            if seq is not None:
+                if seq < self._answered_seq:
+                    return None  # a late reply of an older query (abandoned after a timeout): a newer one counts
+                self._answered_seq = seq
             if isinstance(report.get("step"), int):
                 self._last_step = report["step"]
             if isinstance(report.get("incarnation"), str):
@@ -262,9 +274,18 @@ class DroidPolicy(SessionPolicy):
         with self._lock:
             self.history.append(frame)
 
-    def request(self, obs: dict, rtc: RtcRequest | None = None, record: bool = True) -> Query:
+    def request(
+        self,
+        obs: dict,
+        rtc: RtcRequest | None = None,
+        record: bool = True,
+        observed_at: float | None = None,
+        traffic_class: str | None = None,
+        deadline_ms: float | None = None,
+    ) -> Query:
         """Build the query of `obs` now (a background `send` then uses this step's frames), recording its frame
-        unless `record` is False (`observe` already did this step). `rtc`: continue the executing chunk."""
+        unless `record` is False (`observe` already did this step). `rtc`: continue the executing chunk;
+        `observed_at`, `traffic_class`, `deadline_ms`: the fleet's fields of `Query` (None: not sent)."""
         prompt = obs.get("prompt", self.prompt) if isinstance(obs, dict) else self.prompt
         if not isinstance(prompt, str) or not prompt.strip():
             raise InvalidObservation("prompt: expected a non-empty instruction", field="prompt")
@@ -276,7 +297,7 @@ class DroidPolicy(SessionPolicy):
             self.calls += 1
             frames = self.history.select(first)
             return Query(self.session_id, prompt, frames, first, self._last_step, self._last_incarnation,
-                         self._allowed(rtc))  # fmt: skip
+                         self._allowed(rtc), observed_at, traffic_class, deadline_ms, self.calls)  # fmt: skip
 
     def send(self, query: Query) -> Chunk:
         start = time.perf_counter()

@@ -188,6 +188,8 @@ def _loop_config(ns: argparse.Namespace, embodiment: str) -> LoopConfig:
         rtc=ns.rtc,
         rtc_max_delay_steps=ns.rtc_max_delay_steps,
         watchdog_timeout_s=ns.watchdog_timeout_s,
+        max_observation_age_s=ns.max_observation_age_s or None,  # 0: no wall bound
+        query_retries=ns.query_retries,
         chunk_wait_s=ns.timeout_s,
         gripper_timeout_s=ns.gripper_timeout_s,
         log_dir=ns.log_dir,
@@ -245,6 +247,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--watchdog-timeout-s", type=float, default=0.5, help="hold the arm after this long without a command"
     )
     g.add_argument("--gripper-timeout-s", type=float, default=5.0, help="bound of the gripper's open at episode start")
+    g.add_argument("--max-observation-age-s", type=float, default=5.0,
+                   help="never execute an action whose observation is older (docs/fleet.md); 0: no bound")  # fmt: skip
+    g.add_argument("--query-retries", type=int, default=0, help="failed queries asked again (arm held) before failing")
     g.add_argument("--no-joint-reset", action="store_true",
                    help="franka_pnp: skip the joint home before each episode's Cartesian reset move")  # fmt: skip
     g.add_argument("--log-dir", default="runs/franka", help="per-episode logs and videos; '' to disable")

@@ -35,7 +35,12 @@ SAMPLES = {
     "rtc_exec_horizon": ([5], [5], [10**6]),
     "action_prefix": (PREFIX, [PREFIX], np.full((2, 8), np.nan)),
     "return_video": (True, True, "yes"),
+    "traffic_class": ("batch", ["batch"], "fast"),
+    "deadline_ms": (120, [120.0], -1),
+    "observed_at": ([1.7e9], [1.7e9], "now"),
 }
+#: options that are no `ModelBatch` field (`RowOption.to_batch` None) -> the batch field they become (None: none)
+BATCH_FIELD = {"deadline_ms": "deadline_at", "observed_at": None}
 
 
 def _same(a, b) -> bool:
@@ -54,7 +59,13 @@ def test_every_option_is_declared_once_and_has_a_sample():
     row_fields = {f.name for f in dataclasses.fields(RowOptions)}
     batch_fields = {f.name for f in dataclasses.fields(ModelBatch)}
     for name in names:  # a RowOptions field, a ModelBatch field, and how merged requests fill it
-        assert name in row_fields and name in batch_fields and name in ROW_OPTIONS, name
+        assert name in row_fields, name
+        if _option(name).to_batch is None:  # stays at the door, or reaches the batch as another field
+            assert name in BATCH_FIELD and name not in batch_fields, name
+            name = BATCH_FIELD[name]
+            if name is None:
+                continue
+        assert name in batch_fields and name in ROW_OPTIONS, name
     assert {o.wire for o in OPTIONS} <= CONTROL_KEYS  # never read as an OpenPI observation key
 
 
@@ -93,19 +104,35 @@ def test_each_doors_decoder_fills_the_option_and_names_it_when_bad(door, name):
     assert err.value.field.startswith(prefix + o.wire), err.value.field
 
 
+def _batch_value(name: str, request) -> tuple[str | None, object]:
+    """(the batch field the option becomes, the value it should hold there for this decoded request)."""
+    sent, rows, _ = SAMPLES[name]
+    o = _option(name)
+    if o.to_batch is not None:
+        return name, o.to_batch(rows, 1)
+    if name == "deadline_ms":  # a deadline on the wall clock, from when the door received the request
+        return "deadline_at", [request.rows.received_at + rows[0] / 1000.0]
+    return BATCH_FIELD[name], None
+
+
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_the_option_reaches_the_model_batch_on_both_forms_and_through_the_merge(name):
-    sent, rows, _ = SAMPLES[name]
-    want = _option(name).to_batch(rows, 1)
-    normalised = normalised_batch(parse_generation_request(_body(name, sent, normalised_observation(1))))
-    assert _same(getattr(normalised, name), want)
-    raw, _ = preprocess_request(load_embodiment("oxe_droid"), parse_generation_request(_body(name, sent)))
-    assert _same(getattr(raw, name), want)
+    sent, _, _ = SAMPLES[name]
+    request = parse_generation_request(_body(name, sent, normalised_observation(1)))
+    field, want = _batch_value(name, request)
+    normalised = normalised_batch(request)
+    if field is None:  # stays at the door (the reply echoes it): nothing on the batch holds it
+        assert name not in {f.name for f in dataclasses.fields(ModelBatch)}
+        return
+    assert _same(getattr(normalised, field), want)
+    raw_request = parse_generation_request(_body(name, sent))
+    raw, _ = preprocess_request(load_embodiment("oxe_droid"), raw_request)
+    assert _same(getattr(raw, field), _batch_value(name, raw_request)[1])
 
     plain = normalised_batch(parse_generation_request(_body(name, None, normalised_observation(1), sid="other")))
     merged = merge_batches([plain, normalised], default_seed=1140)
     assert merged.session_ids == ["other", "s"]
-    assert _same(getattr(merged, name)[1:], want), getattr(merged, name)
+    assert _same(getattr(merged, field)[1:], want), getattr(merged, field)
 
 
 def _body(name: str, value, observation: dict | None = None, sid: str = "s") -> dict:

@@ -17,7 +17,7 @@ def test_defaults_match_the_issue():
 
 def test_bad_arguments(capsys):
     with pytest.raises(SystemExit):
-        parse_args(["--scenes", "4"])
+        parse_args(["--scenes", "5"])
     with pytest.raises(SystemExit):
         parse_args(["--policy", "grpc"])
     assert main(["--episodes", "0"]) == 2

@@ -122,7 +122,7 @@ def test_registered_and_validates_arguments():
     e = gym.make(ENV_ID, scene_id=1, image_size=(32, 48), render_quality="fast")
     e.close()
     with pytest.raises(ConfigError, match="scene"):
-        MujocoDroidEnv(4)
+        MujocoDroidEnv(5)
     with pytest.raises(ConfigError, match="render_quality"):
         MujocoDroidEnv(1, render_quality="ultra")
 

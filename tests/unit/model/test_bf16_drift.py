@@ -44,7 +44,7 @@ def test_tiny_loop_bf16_actions_stay_near_fp32(seed, one_thread):
 
 
 @pytest.mark.slow  # 28 s on 2 quiet cores (more on busy ones): three forwards at 14B width, 880-1785 tokens
-def test_14b_slice_dit_forward_bf16_stays_near_fp32():
+def test_14b_slice_dit_forward_bf16_stays_near_fp32(all_cores):
     dit = slice_dit("droid_14b_slice", seed=0)
     assert dit.cfg.frame_seqlen == 880 and dit.cfg.dim == 5120 and dit.cfg.num_heads == 40
     out = slice_dit_forward(dit, slice_inputs(dit, seed=0))

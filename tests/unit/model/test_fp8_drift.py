@@ -38,7 +38,7 @@ def test_tiny_session_fp8_actions_stay_near_fp32(seed, one_thread):
 
 
 @pytest.mark.slow  # building the 5B slice's DiT and T5 block, then four forwards at width 3072
-def test_5b_slice_dit_forward_fp8_stays_near_fp32():
+def test_5b_slice_dit_forward_fp8_stays_near_fp32(all_cores):
     acts = slice_forward_actions("libero_5b_slice", (FP8_FP32,), seed=0)
     d = action_diff(acts[FP32.name], acts[FP8_FP32.name])
     print(f"libero_5b_slice DiT forward, fp8 vs fp32: {d}")

@@ -34,6 +34,10 @@ def test_the_cluster_folder_is_one_group_and_any_other_test_is_grouped_by_its_mo
     assert group_of("tests/unit/model/test_config.py::test_g") != group_of("tests/unit/client/test_codec.py::test_g")
     sibling = "tests/cluster" + "ish/test_x.py"  # a made-up folder beside tests/cluster (joined: no file to name)
     assert group_of(f"{sibling}::t") == sibling  # tests/cluster is a folder, not a name prefix
+    # the tests sharing the e2e tier's `serve run` of the shipped config run on one worker, whatever their module
+    a, b = ("tests/e2e/" + name + ".py::t" for name in ("test_a", "test_b"))  # made-up modules (joined: no file)
+    shared = [group_of(m, ("tmp_path", "shipped_server")) for m in (a, b)]
+    assert shared[0] == shared[1] != group_of(a, ("tmp_path",))
 
 
 def test_a_serial_run_keeps_its_order_and_a_worker_runs_the_longest_groups_first(monkeypatch):

@@ -16,10 +16,12 @@ from dreamzero_client.wire import codec
 
 #: control keys of an OpenPI request; everything else is observation. `expected_steps` / `expected_incarnations`
 #: (a list of one) carry the session's continuity fields, and `rtc_prefix_len` / `rtc_exec_horizon` /
-#: `action_prefix` real-time chunking (docs/rtc.md), as in the HTTP body's `parameters`.
+#: `action_prefix` real-time chunking (docs/rtc.md), `traffic_class` / `deadline_ms` / `observed_at` the fleet's fields
+#: (docs/fleet.md), as in the HTTP body's `parameters`.
 OPENPI_CONTROL_KEYS = (
     "endpoint", "session_id", "prompt", "seed", "response_format", "expected_steps", "expected_incarnations",
-    "rtc_prefix_len", "rtc_exec_horizon", "action_prefix", "return_video",
+    "rtc_prefix_len", "rtc_exec_horizon", "action_prefix", "return_video", "traffic_class", "deadline_ms",
+    "observed_at",
 )  # fmt: skip
 #: OpenPI / RoboArena observation key -> the DROID embodiment's raw key (the server's OpenPI adapter and the DROID
 #: runtime read this one). Exterior 0 is the canvas' bottom-left view (raw keys count from 1), exterior 1 bottom-right.

@@ -12,9 +12,15 @@ Per episode:
    lead is the measured delay d and the server continues the executing chunk (`dreamzero_droid.rtc`, docs/rtc.md):
    the query leaves at row s, the old chunk runs on until the reply is there and d ticks have passed, and the new
    one starts at the row of that tick (d when on time); the arm holds only if the old chunk runs out first;
-4. the episode ends after `max_steps`, on an operator label / abort / quit, on Ctrl+C (aborted), or as failed with
+4. which row runs at a tick is `dreamzero_droid.executor.ChunkExecutor`'s (docs/fleet.md, "Clients"): a chunk starts
+   at row = actions executed since its query's observation (prefetch's lead, RTC's delay: the same rows as above on
+   time), and a chunk that is stale (nothing left, its observation older than `max_observation_age_s`, a query from
+   before a restarted session or a retried connection, a duplicate) is never executed: the arm holds and the next
+   tick queries again from a fresh observation. Every query carries its observation time, the class "realtime" and,
+   with prefetch / RTC, its deadline (`fleet_fields`);
+5. the episode ends after `max_steps`, on an operator label / abort / quit, on Ctrl+C (aborted), or as failed with
    its reason (server lost, too many rejected chunks, a device fault). The arm holds on every way out;
-5. with a `dataset` (`--record-dataset`, `recording.py`), every tick also queues its frame (the views as the
+6. with a `dataset` (`--record-dataset`, `recording.py`), every tick also queues its frame (the views as the
    policy saw them, the state, the command sent) to the recorder's writer thread, and the episode's end marks it
    (the operator's label, or aborted / failed with the reason), whichever way it ended.
 
@@ -29,6 +35,7 @@ DROID's joint control and `pnp.loop.PnpEpisodeRunner` for franka_pnp's Cartesian
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from dreamzero_client.errors import ConfigError, DreamZeroError
+from dreamzero_droid.executor import DEFAULT_MAX_OBSERVATION_AGE_S, ChunkExecutor, ObservationMark
 from dreamzero_droid.policy import Chunk, ChunkRejected, PolicyCallError, SessionPolicy
 from dreamzero_droid.rtc import RtcSchedule, switch_jump
 from dreamzero_franka.common.contracts import Camera, DeviceError, Gripper, Robot
@@ -57,7 +65,11 @@ class LoopConfig:
     rtc: bool = False  # prefetch with the measured delay, the server continues the executing chunk (docs/rtc.md)
     rtc_max_delay_steps: int | None = None  # cap on the measured delay (always at most H // 2)
     chunk_wait_s: float = 30.0  # how long the arm may hold waiting for a late prefetched chunk
-    max_rejected_chunks: int = 3  # consecutive rejected chunks before the episode fails
+    max_rejected_chunks: int = 3  # consecutive rejected (or stale) chunks before the episode fails
+    # no executed action answers an observation older than this (s; None: no wall bound); an older chunk is dropped
+    max_observation_age_s: float | None = DEFAULT_MAX_OBSERVATION_AGE_S
+    query_retries: int = 0  # queries that failed to reach the server retried in a row (arm held) before failing
+    fleet_fields: bool = True  # send observed_at, traffic_class "realtime" and the deadline with every query
     watchdog_timeout_s: float = 0.5  # hold the arm when no command was sent for this long
     home: tuple[float, ...] = tuple(DROID_HOME.tolist())
     home_timeout_s: float = 15.0
@@ -79,6 +91,10 @@ class LoopConfig:
             )
         if self.rtc and self.prefetch:
             raise ConfigError("loop.rtc: RTC prefetches with the measured delay; leave loop.prefetch off")
+        if self.query_retries < 0:
+            raise ConfigError(f"loop.query_retries must be >= 0, got {self.query_retries}")
+        if self.max_observation_age_s is not None and not self.max_observation_age_s > 0:
+            raise ConfigError(f"loop.max_observation_age_s must be positive or None, got {self.max_observation_age_s}")
         if self.rtc_max_delay_steps is not None and self.rtc_max_delay_steps < 1:
             raise ConfigError(f"loop.rtc_max_delay_steps must be >= 1 or None, got {self.rtc_max_delay_steps}")
         if len(self.home) != 7:
@@ -110,7 +126,10 @@ class EpisodeResult:
     server_calls: int
     latencies_ms: list[float] = field(default_factory=list)
     rejected_chunks: int = 0
+    stale_chunks: int = 0  # replies refused as stale (ChunkExecutor's reasons); the arm held and asked again
+    retried_queries: int = 0  # queries that failed to reach the server and were asked again (`query_retries`)
     holds: int = 0
+    execution: dict = field(default_factory=dict)  # ChunkExecutor.stats(): stalls, skipped rows, observation ages
     clamps: dict[str, int] = field(default_factory=dict)
     duration_s: float = 0.0
     log_dir: str | None = None
@@ -123,6 +142,17 @@ class EpisodeResult:
         out = asdict(self)
         out["mean_latency_ms"] = self.mean_latency_ms
         return out
+
+
+class StaleChunk(Exception):
+    """A reply the chunk executor refused (`dreamzero_droid.executor.REFUSALS`): the arm holds and asks again."""
+
+    def __init__(self, reason: str, row: int, age_s: float):
+        super().__init__(f"stale chunk ({reason}): it would start at row {row}, observation {age_s:.2f} s old")
+        self.reason, self.row, self.age_s = reason, row, age_s
+
+    def describe(self) -> str:
+        return self.reason
 
 
 class EpisodeEnd(Exception):
@@ -164,6 +194,7 @@ class EpisodeRunner:
         self.policy.min_rows = max(self.policy.min_rows, self.config.min_chunk_rows)
         self.quit_requested = False
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="franka-prefetch")
+        self.chunks = ChunkExecutor(self.config.control_hz, self.config.max_observation_age_s)
         rtc = self.config.rtc  # one schedule for the session: its delay estimate outlives the episodes
         self.rtc = RtcSchedule(self.config.open_loop_horizon, self.config.control_hz,
                                max_delay_steps=self.config.rtc_max_delay_steps) if rtc else None  # fmt: skip
@@ -179,6 +210,8 @@ class EpisodeRunner:
         watchdog = Watchdog(cfg.watchdog_timeout_s, on_expire=gate.hold)
         t0 = time.monotonic()
         self._pending: concurrent.futures.Future | None = None
+        self._pending_mark: ObservationMark | None = None
+        self.chunks.reset()
         if self.rtc is not None:
             self.rtc.reset()
         try:
@@ -212,6 +245,7 @@ class EpisodeRunner:
             self._safe_hold(gate)
             self._drain_prefetch()
             result.holds = gate.holds
+            result.execution = self.chunks.stats()
             result.duration_s = time.monotonic() - t0
             if result.status == "failed":
                 logger.error("episode %d failed: %s", episode_index, result.reason)
@@ -229,11 +263,12 @@ class EpisodeRunner:
 
     # 2. the control tick ------------------------------------------------------------------------------------------
     def _control(self, result: EpisodeResult, gate: CommandGate, watchdog: Watchdog, log: EpisodeLog | None) -> None:
-        cfg = self.config
+        cfg, ex = self.config, self.chunks
         chunk: Chunk | None = None
         rows: np.ndarray | None = None  # the rows of `chunk` that `accept_chunk` let through; None: ask for a chunk
-        row = executed = 0  # next row of `chunk` to execute; rows executed since it arrived
-        rejected_in_a_row = 0
+        executed = 0  # rows executed since `chunk` took over
+        rejected_in_a_row = failed_in_a_row = 0
+        last: np.ndarray | None = None  # RTC: the old chunk's last executed action, for the switch's jump
         self._gripper_closed = self.gripper_after_home
         next_tick = time.monotonic()
         for step in range(cfg.max_steps):
@@ -251,34 +286,49 @@ class EpisodeRunner:
                     if self._pending is not None:
                         self.policy.observe(obs)
                         observed = True
-                        last = chunk.actions[row - 1] if chunk is not None and row > 0 else None
+                        last = ex.last_action
+                        mark = self._pending_mark
                         chunk = self._take_prefetched(gate)
-                        row = cfg.prefetch_lead_steps if rtc_row is None else rtc_row
-                        if rtc_row is not None and last is not None:
-                            jump = switch_jump(last, chunk.actions[row])
-                            record.update(rtc_switch_row=row, rtc_source=chunk.rtc, switch_jump=jump)
+                        if self.rtc is not None and rtc_row is None:
+                            self.rtc.reset()  # the old chunk stopped before its switch: the schedule starts again
                     else:
-                        observed = True  # infer records the frame before it can fail
-                        chunk, row = self.policy.infer(obs), 0
+                        observed = True  # the request records the frame before the query can fail
+                        mark = ex.mark(time.monotonic())
+                        chunk = self.policy.send(self._request(obs, mark))
                     answered = True
+                    failed_in_a_row = 0
                     result.server_calls += 1
                     result.latencies_ms.append(chunk.latency_ms)
                     if self.rtc is not None:
                         self.rtc.add_latency(chunk.latency_ms)
                     record.update(queried=True, latency_ms=chunk.latency_ms, server=chunk.session)
-                    if chunk.restarted:
+                    if chunk.restarted:  # the server lost the session: nothing asked before this reply is executed
                         record["session_restarted"] = chunk.restarted
+                        ex.invalidate()
                     rows = self.accept_chunk(chunk)
+                    offer = ex.offer(rows, mark, time.monotonic())
+                    if not offer.accepted:
+                        raise StaleChunk(offer.reason, offer.row, offer.age_s)
                     executed, rejected_in_a_row = 0, 0
-                except self.rejections as exc:
+                    record.update(chunk_seq=mark.seq, start_row=offer.row)
+                    if rtc_row is not None and last is not None:
+                        record.update(rtc_switch_row=offer.row, rtc_source=chunk.rtc,
+                                      switch_jump=switch_jump(last, rows[offer.row]))  # fmt: skip
+                except (*self.rejections, StaleChunk) as exc:
                     if not answered:  # the reply itself was unusable
                         result.server_calls += 1
-                    result.rejected_chunks += 1
+                    if isinstance(exc, StaleChunk):
+                        result.stale_chunks += 1
+                        record.update(stale=exc.describe())
+                    else:
+                        result.rejected_chunks += 1
+                        record.update(rejected=self.describe_rejection(exc))
                     rejected_in_a_row += 1
                     chunk = rows = None
                     gate.hold()
-                    record.update(queried=True, rejected=self.describe_rejection(exc), held=True)
-                    logger.warning("chunk rejected (%d in a row): %s", rejected_in_a_row, exc)
+                    ex.hold()
+                    record.update(queried=True, held=True)
+                    logger.warning("chunk refused (%d in a row): %s", rejected_in_a_row, exc)
                     if rejected_in_a_row >= cfg.max_rejected_chunks:
                         raise EpisodeEnd(
                             "failed", f"{rejected_in_a_row} chunks in a row rejected; last: {exc}"
@@ -286,36 +336,74 @@ class EpisodeRunner:
                     self._finish_tick(log, record, obs, reading, result, step, next_tick)
                     next_tick = self._sleep_until(next_tick + cfg.period_s)
                     continue
-                except PolicyCallError:
+                except PolicyCallError as exc:
                     gate.hold()
-                    raise
+                    failed_in_a_row += 1
+                    if exc.reason not in ("server_unreachable", "timeout") or failed_in_a_row > cfg.query_retries:
+                        raise
+                    # a retried connection: the arm holds, and no reply to a query asked before it is executed
+                    result.retried_queries += 1
+                    ex.invalidate()
+                    ex.hold()
+                    chunk = rows = None
+                    if self.rtc is not None:
+                        self.rtc.reset()
+                    record.update(queried=True, held=True, query_failed=str(exc))
+                    logger.warning("query failed (%d in a row), asking again: %s", failed_in_a_row, exc)
+                    self._finish_tick(log, record, obs, reading, result, step, next_tick)
+                    next_tick = self._sleep_until(next_tick + cfg.period_s)
+                    continue
 
             # 2b. prefetch: `lead` ticks before the executed part runs out, query from this tick's observation; the
             # new chunk's row 0 is this tick's action, so it starts at row `lead` when it takes over
             if cfg.prefetch and self._pending is None and executed == cfg.open_loop_horizon - cfg.prefetch_lead_steps:
-                self._pending = self._executor.submit(self.policy.send, self.policy.request(obs))
+                self._prefetch(obs, deadline_rows=cfg.prefetch_lead_steps)
                 observed = True
             # RTC: the query leaves at row s of the current chunk with d = the measured delay (docs/rtc.md)
-            asked = self.rtc.plan(chunk.actions, row) if self.rtc is not None and self._pending is None else None
+            asked = self.rtc.plan(rows, ex.next_row) if self.rtc is not None and self._pending is None else None
             if asked is not None:
-                query = self.policy.request(obs, rtc=asked, record=not observed)
-                self._pending = self._executor.submit(self.policy.send, query)
-                self.rtc.sent(asked, len(chunk.actions))
+                self._prefetch(obs, deadline_rows=ex.rows_left(), rtc=asked, record=not observed)
+                self.rtc.sent(asked, len(rows))
                 record.update(rtc_request={"prefix_len": asked.prefix_len, "exec_horizon": asked.exec_horizon})
                 observed = True
             if not observed:
                 self.policy.observe(obs)
 
             # 2c. the safety filter, then the command (after a hold the filter starts again from the measured state)
+            now = time.monotonic()
+            nxt = ex.next_action(now)
+            if nxt is None:  # the chunk's observation aged past max_observation_age_s: hold, ask again next tick
+                chunk = rows = None
+                gate.hold()
+                record.update(held=True, stale="observation_expired")
+                self._finish_tick(log, record, obs, reading, result, step, next_tick)
+                next_tick = self._sleep_until(next_tick + cfg.period_s)
+                continue
+            row, action = nxt
+            record.update(obs_age_s=ex.ages_s[-1], chunk_seq=ex.current_seq)
             if gate.was_held():
                 self.safety.reset()
-            for name in self.execute_row(rows[row], row, reading, gate, watchdog, record):
+            for name in self.execute_row(action, row, reading, gate, watchdog, record):
                 result.clamps[name] = result.clamps.get(name, 0) + 1
-            row += 1  # the policy's min_rows keeps row inside the chunk (open-loop horizon + prefetch lead)
-            executed += 1
+            executed += 1  # the policy's min_rows keeps the row inside the chunk (open-loop horizon + lead)
 
             self._finish_tick(log, record, obs, reading, result, step, next_tick)
             next_tick = self._sleep_until(next_tick + cfg.period_s)
+
+    def _request(self, obs: dict, mark: ObservationMark, deadline_rows: int | None = None, **kwargs):
+        """The policy's query of `obs` with the fleet's fields (a policy whose queries have none sends none)."""
+        query = self.policy.request(obs, **kwargs)
+        if not self.config.fleet_fields or not hasattr(query, "observed_at"):
+            return query
+        wall = time.time() - (time.monotonic() - mark.at)  # the observation's time on the wall clock (unix s)
+        deadline = None if deadline_rows is None else deadline_rows * self.config.period_s * 1e3
+        return dataclasses.replace(query, observed_at=wall, traffic_class="realtime", deadline_ms=deadline)
+
+    def _prefetch(self, obs: dict, deadline_rows: int, **kwargs) -> None:
+        """Send the query of this tick's observation in the background (the current chunk runs on meanwhile)."""
+        self._pending_mark = self.chunks.mark(time.monotonic())
+        query = self._request(obs, self._pending_mark, deadline_rows, **kwargs)
+        self._pending = self._executor.submit(self.policy.send, query)
 
     def _finish_tick(self, log, record, obs, reading, result, step, next_tick) -> None:
         result.steps = step + 1
