@@ -347,8 +347,17 @@ class BatchedServer:
             model_batch.traffic_class = [traffic_class] * n
         if deadline_ms is not None:
             model_batch.deadline_at = [received + deadline_ms / 1e3] * n
-        future = asyncio.run_coroutine_threadsafe(self.batcher.submit(model_batch), self.loop)
-        result = future.result(timeout=CALL_TIMEOUT_S)
+        from deployments.batch_slices import join_results, slices
+
+        parts = [model_batch]
+        if self.batcher.classes and traffic_class == "batch":  # as the Policy cuts a farm's request
+            parts = slices(model_batch, self.batcher.slice_rows())
+
+        async def submit_all():
+            return await asyncio.gather(*(self.batcher.submit(part) for part in parts))
+
+        future = asyncio.run_coroutine_threadsafe(submit_all(), self.loop)
+        result = join_results(future.result(timeout=CALL_TIMEOUT_S))
         return emb.postprocess(result.actions, context), list(result.sessions)
 
     def reset(self, session_ids: list[str]) -> None:

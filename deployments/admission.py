@@ -200,6 +200,13 @@ class Admission:
     def leave(self, batch: ModelBatch) -> None:
         self._limits.pop(id(batch), None)
 
+    def share(self, batch: ModelBatch, parts: list[ModelBatch]) -> None:
+        """`batch` is served as `parts` (deployments.batch_slices): each is admitted with its quotas (`leave` each)."""
+        limits = self._limits.get(id(batch))
+        if limits is not None:
+            for part in parts:
+                self._limits[id(part)] = limits
+
     def check_rows(self, rows: int) -> None:
         for limit, name in (
             (self.rows_per_request, "batching.rows_per_request"),

@@ -27,12 +27,24 @@ Traffic classes (`class_of(item)`: "realtime", a robot, or "batch", an evaluatio
 With `classes` on, a call is filled in this order: a batch request owed its floor (below), then realtime requests,
 earliest `deadline_of(item)` first (those stating none after them, in arrival order), then batch requests in arrival
 order; the first request that does not fit the bounds ends the call, as above. Batch requests stop joining a call
-with realtime rows once `call_ms(rows)` (the replica's measured cost) predicts the call would end after the earliest
-realtime deadline in it. Batch is never starved: when `floor_calls` consecutive calls took no batch row while batch
-requests waited, the next call takes the oldest batch request first. The company wait never holds realtime rows for
-batch company: while a realtime request is queued it waits (at most `wait_s`) only for the realtime requests of the
-previous call. A request's sessions keep their arrival order (`sessions_of`): a request is never taken before an
-earlier queued one sharing a session. With `classes` off (or no `class_of`) the batcher is first come, first served.
+with realtime rows once `call_ms(rows)` (the replica's measured cost) predicts the call would take more than
+`REALTIME_SHARE` of the time left to the earliest realtime deadline in it. Batch is never starved: when
+`floor_calls` consecutive calls took no batch row while batch requests waited, the next call takes the oldest
+batch request first. The company wait never holds realtime rows for batch company: while a realtime request is
+queued it waits (at most `wait_s`) only for the realtime requests of the previous call. A request's sessions keep
+their arrival order (`sessions_of`): a request is never taken before an earlier queued one sharing a session. With
+`classes` off (or no `class_of`) the batcher is first come, first served.
+
+A robot's next request is foreseen, too (classes on, `call_ms` and `clock` given): the batcher notes each realtime
+request's sessions, when it came, the interval since the same sessions' previous one (their cadence) and the budget
+it stated (`deadline_of` - arrival). A model call is never interrupted, so a farm call longer than a robot's budget
+that starts just before the robot's request would make it late whatever the order. Batch requests therefore stop
+joining a call (a batch-only one included) that `call_ms` predicts would still run when a robot's next request is
+due so late that the robot's own call would end past `REALTIME_SHARE` of its budget; with no batch request fit to
+start, the model waits for that robot (until it is due plus `HOLD_GRACE` of its cadence: one that does not come is
+not waited for again), serves it, and the farm runs after it. The floor still holds: a batch request owed its floor
+starts anyway. `slice_rows` tells the Policy how many rows of a farm's request a robot can wait out
+(deployments.batch_slices cuts larger ones).
 """
 
 from __future__ import annotations
@@ -47,6 +59,15 @@ log = logging.getLogger("dreamzero.serve.batcher")
 
 #: a wait for sessions starting together ends when none arrived for this share of `wait_s`
 COMPANY_GAP = 0.25
+#: batch rows are planned so a robot's call ends within this share of the time it has left (the rest absorbs the
+#: cost model's error and the host's other load; a late answer also shrinks the budget the robot's next query states)
+REALTIME_SHARE = 0.5
+#: batch waits for a robot due to send at most this share of its cadence past when it was due
+HOLD_GRACE = 0.25
+#: a realtime session not heard from for this many of its intervals is forgotten (a robot that stopped)
+CADENCE_EXPIRY = 4.0
+#: ... and one seen once, after this many seconds
+CADENCE_FORGET_S = 10.0
 REALTIME, BATCH = "realtime", "batch"
 
 Item = TypeVar("Item")
@@ -61,6 +82,17 @@ class _Entry(Generic[Item]):
     realtime: bool = True
     deadline: float | None = None
     sessions: frozenset[str] = frozenset()
+
+
+@dataclass
+class _Cadence:
+    """A realtime request's sessions as last seen: when (the deadline clock), the interval since the previous
+    request of the same sessions, the budget stated (s) and its rows."""
+
+    last: float
+    interval: float | None
+    budget: float | None
+    rows: int
 
 
 class ContinuousBatcher(Generic[Item, Result]):
@@ -104,6 +136,9 @@ class ContinuousBatcher(Generic[Item, Result]):
         self.expected = 1  # requests active during the previous batch: the company the next one waits for
         self.expected_realtime = 0  # of those, realtime ones (classes on)
         self.batch_starved = 0  # consecutive calls that took no batch request while one waited
+        self._cadence: dict[frozenset[str], _Cadence] = {}  # realtime sessions -> when their next request is due
+        self._noted = 0
+        self._hold_until: float | None = None  # batch waits for a robot due to send until then (clock), if set
 
     async def submit(self, item: Item) -> Result:
         loop = asyncio.get_running_loop()
@@ -120,6 +155,8 @@ class ContinuousBatcher(Generic[Item, Result]):
                 entry.deadline = self._deadline_of(item) if self._deadline_of is not None else None
             except Exception:  # a hint only: an item whose class cannot be read is served as realtime, unordered
                 log.exception("class_of / deadline_of failed; serving the request as realtime")
+            if entry.realtime and entry.sessions and self._clock is not None:
+                self._note_cadence(entry)
         self._queue.append(entry)
         self._arrived.set()
         return await entry.future
@@ -136,9 +173,13 @@ class ContinuousBatcher(Generic[Item, Result]):
 
     def _take(self) -> list[_Entry]:
         """The next batch: queued requests in the order the batcher's rules give while they fit both bounds (at
-        least one), handed back in arrival order."""
+        least one, unless batch requests wait for a robot due to send: then none, and `_hold_until` says until
+        when), handed back in arrival order."""
         self._queue = [e for e in self._queue if not e.future.done()]  # callers that gave up
+        self._hold_until = None
         order = self._order() if self._classed() else list(self._queue)
+        owed = order[0] if order and self._classed() and self.batch_starved >= self.floor_calls else None
+        queued_sessions = frozenset().union(*(e.sessions for e in self._queue))
         taken: list[_Entry] = []
         rows = 0
         deadline = None  # the earliest realtime deadline among the rows taken
@@ -151,6 +192,12 @@ class ContinuousBatcher(Generic[Item, Result]):
                 break
             if self._classed() and taken and not e.realtime and self._late(deadline, rows + n):
                 break  # batch comes last and in arrival order: none joins a call it would make late
+            if self._classed() and not e.realtime and e is not owed:
+                due = self._robot_due(rows + n, queued_sessions)
+                if due is not None:  # nor a call still running when a robot's request is due too late
+                    if not taken:
+                        self._hold_until = due
+                    break
             if any(blocked.get(sid, e.seq) < e.seq for sid in e.sessions) or (
                 self._classed() and self._waits_for_earlier(e, taken)
             ):
@@ -163,7 +210,7 @@ class ContinuousBatcher(Generic[Item, Result]):
                 deadline = e.deadline if deadline is None else min(deadline, e.deadline)
         chosen = {id(e) for e in taken}
         self._queue = [e for e in self._queue if id(e) not in chosen]
-        if self._classed():
+        if self._classed() and taken:
             waited = any(not e.realtime for e in order)
             self.batch_starved = 0 if any(not e.realtime for e in taken) or not waited else self.batch_starved + 1
         return sorted(taken, key=lambda e: e.seq)
@@ -185,12 +232,81 @@ class ContinuousBatcher(Generic[Item, Result]):
         chosen = {id(t) for t in taken}
         return any(q.seq < e.seq and id(q) not in chosen and e.sessions & q.sessions for q in self._queue)
 
+    def slice_rows(self) -> int | None:
+        """The most rows of a batch call that a robot asking just as it starts can wait out: its call followed by
+        the robot's own fits the tightest budget a live realtime session stated (at least 1); None while no robot
+        states a budget or the cost is unknown (deployments.batch_slices cuts batch requests to it)."""
+        if not self._classed() or self._call_ms is None or self._clock is None:
+            return None
+        now = self._clock()
+        room = None
+        for c in self._cadence.values():
+            if c.budget is None or self._gone(c, now):
+                continue
+            own = self._call_ms(c.rows)
+            if own is None:
+                return None
+            left = REALTIME_SHARE * c.budget * 1000.0 - own
+            room = left if room is None else min(room, left)
+        if room is None:
+            return None
+        rows = 1
+        while rows < (self.max_batch_rows or 1024) and (self._call_ms(rows + 1) or 0.0) <= room:
+            rows += 1
+        return rows
+
+    def _note_cadence(self, entry: _Entry) -> None:
+        """A realtime request arrives: when its sessions' next one is due and what budget it will state."""
+        now = self._clock()
+        prev = self._cadence.get(entry.sessions)
+        interval = now - prev.last if prev is not None and now > prev.last else None
+        budget = entry.deadline - now if entry.deadline is not None and entry.deadline > now else None
+        if budget is None and prev is not None:  # a robot asking with an empty buffer states none: keep the last
+            budget = prev.budget
+        self._cadence[entry.sessions] = _Cadence(now, interval, budget, self._rows_of(entry.item))
+        self._noted += 1
+        if self._noted % 128 == 0:  # sessions that stopped go, even while no batch request asks
+            self._cadence = {k: c for k, c in self._cadence.items() if not self._gone(c, now)}
+
+    @staticmethod
+    def _gone(c: _Cadence, now: float) -> bool:
+        return now - c.last > (CADENCE_EXPIRY * c.interval if c.interval else CADENCE_FORGET_S)
+
+    def _robot_due(self, rows: int, skip: frozenset[str]) -> float | None:
+        """Would a call of `rows` rows, started now, still run when a robot's next request is due, so late that its
+        own call would end after its budget? Then until when to wait for it (clock), else None. `skip`: sessions
+        with a request queued (theirs goes first)."""
+        if self._call_ms is None or self._clock is None or not self._cadence:
+            return None
+        predicted = self._call_ms(rows)
+        if predicted is None:
+            return None
+        now = self._clock()
+        end = now + predicted / 1000.0
+        hold = None
+        for key, c in list(self._cadence.items()):
+            if self._gone(c, now):
+                del self._cadence[key]  # a robot that stopped
+                continue
+            if c.interval is None:
+                continue
+            due, grace = c.last + c.interval, HOLD_GRACE * c.interval
+            if c.budget is None or key & skip or now > due + grace:  # overdue past the grace: not waited for
+                continue
+            own = self._call_ms(c.rows)
+            arrival = max(due, now)
+            if own is not None and max(end, arrival) + own / 1000.0 > arrival + REALTIME_SHARE * c.budget:
+                hold = due + grace if hold is None else min(hold, due + grace)
+        return hold
+
     def _late(self, deadline: float | None, rows: int) -> bool:
-        """Would a call of `rows` rows, started now, end after the realtime `deadline` of rows already taken?"""
+        """Would a call of `rows` rows, started now, take more than `REALTIME_SHARE` of the time left to the realtime
+        `deadline` of rows already taken?"""
         if deadline is None or self._call_ms is None or self._clock is None:
             return False
         predicted = self._call_ms(rows)
-        return predicted is not None and self._clock() + predicted / 1000.0 > deadline
+        now = self._clock()
+        return predicted is not None and predicted / 1000.0 > REALTIME_SHARE * (deadline - now)
 
     def _target(self) -> tuple[int, int, float | None]:
         """How many queued requests the next batch waits for (at most `wait_s`), how many count towards it, and the
@@ -237,6 +353,12 @@ class ContinuousBatcher(Generic[Item, Result]):
             # 2. take what is queued (callers that gave up are dropped) and run it
             taken = self._take()
             if not taken:
+                if self._hold_until is not None:  # batch waits for a robot due to send (bounded by its grace)
+                    self._arrived.clear()
+                    try:
+                        await asyncio.wait_for(self._arrived.wait(), max(0.0, self._hold_until - self._clock()))
+                    except asyncio.TimeoutError:
+                        pass
                 continue
             try:
                 results = await self._run([e.item for e in taken])

@@ -29,6 +29,7 @@ total across replicas through the tenant ledger), and session starts, resets, ev
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -40,6 +41,7 @@ from ray import serve
 from deployments.admission import Admission, earliest_deadline, realtime_rows, traffic_class
 from deployments.audit import configure_audit_log, one_line_refusals
 from deployments.batch_merge import merge_batches, plan_groups, split_result
+from deployments.batch_slices import join_results, slices
 from deployments.batcher import ContinuousBatcher
 from deployments.config.settings import PolicySettings
 from deployments.engine import Engine, ModelThread, StoreOptions, load_engine
@@ -193,20 +195,37 @@ class PolicyDeployment:
             raise InvalidRequest("the policy needs a ModelBatch with at least one session row")
         await self.admission.enter(batch, limits)  # 413 beyond the row limits
         key = self.report.routing_keys.enter(batch)
-        self._submitted[id(batch)] = time.monotonic()
+        # a farm's request is cut to what a robot can wait out (deployments.batch_slices); one part otherwise
+        parts = self._parts(batch)
+        self.admission.share(batch, parts)
+        for part in parts:
+            self._submitted[id(part)] = time.monotonic()
         try:
             if self._batching:
-                outcome = await self.batcher.submit(batch)
+                outcomes = await asyncio.gather(*(self.batcher.submit(part) for part in parts))
             else:
-                (outcome,) = await self._generate_many([batch])
+                outcomes = await self._generate_many(parts)
         finally:
-            self._submitted.pop(id(batch), None)
+            for part in parts:
+                self._submitted.pop(id(part), None)
+                self.admission.leave(part)
             self.report.routing_keys.leave(key)
             self.admission.leave(batch)
-        if outcome.error is not None:
-            raise outcome.error
+        for outcome in outcomes:
+            if outcome.error is not None:
+                raise outcome.error
         self.report.deadlines_checked(batch, time.time())
-        return outcome.output
+        if len(outcomes) == 1:
+            return outcomes[0].output
+        outputs = [o.output for o in outcomes]
+        joined = join_results([o.result for o in outputs])
+        return PolicyOutput(joined, self.replica, max(o.batch_requests for o in outputs))
+
+    def _parts(self, batch: ModelBatch) -> list[ModelBatch]:
+        """A batch-class request while robots state budgets: slices of the rows a robot can wait out."""
+        if not self._batching or not self.batcher.classes or traffic_class(batch) != "batch":
+            return [batch]
+        return slices(batch, self.batcher.slice_rows())
 
     async def _generate_many(self, batches: list[ModelBatch]) -> list[_Outcome]:
         self.metrics.batch_requests.observe(len(batches))

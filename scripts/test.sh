@@ -9,10 +9,10 @@ export RAY_TMPDIR=${RAY_TMPDIR:-$(mktemp -d /tmp/rayXXXX)}
 export DREAMZERO_CACHE_DIR=${DREAMZERO_CACHE_DIR:-$PWD/.cache/dreamzero}
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-# DREAMZERO_TEST_WORKERS=2: two pytest-xdist workers, a group of tests (all of tests/cluster, else one module) whole on
-# one worker, longest first (tests/support/parallel.py). Serial by default: on this shared 2-core machine two workers
-# measured slower than one (docs/testing.md)
-workers=${DREAMZERO_TEST_WORKERS:-0}
+# Two pytest-xdist workers by default (DREAMZERO_TEST_WORKERS=0: serial): a group of tests (all of tests/cluster, a
+# shared `serve run`, else one module) runs whole on one worker, longest first (tests/support/parallel.py); much of
+# the suite waits on Ray, servers and subprocesses, which the other worker's tests fill (docs/testing.md)
+workers=${DREAMZERO_TEST_WORKERS:-2}
 parallel=()
 [ "$workers" = "0" ] || parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
 .venv/bin/python -m pytest -q -rs --durations=30 "${parallel[@]}" "$@"

@@ -17,7 +17,7 @@ import pytest
 from dreamzero_client.errors import AuthenticationError, BadRequestError
 from dreamzero_client.http_client import ActionClient
 from dreamzero_client.openpi_client import OpenPIClient
-from tests.cluster.conftest import API_KEY
+from tests.support.cluster import API_KEY
 from tests.support.observations import openpi_droid_observation
 from tests.support.request_builders import droid_raw_observation
 

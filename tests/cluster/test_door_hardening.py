@@ -18,7 +18,7 @@ import msgpack
 import pytest
 from websockets.sync.client import connect
 
-from tests.cluster.conftest import FRONT_DOOR_ARGS, TENANT_KEYS
+from tests.support.cluster import FRONT_DOOR_ARGS, TENANT_KEYS
 from tests.support.request_builders import normalised_body
 
 pytestmark = pytest.mark.cluster

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from dreamzero_client.http_client import ActionClient
-from tests.cluster.conftest import APP, BASE_ARGS, DEPLOY_TIMEOUT_S, IMPORT_PATH, _current, wait_deployed
+from tests.support.cluster import APP, BASE_ARGS, DEPLOY_TIMEOUT_S, IMPORT_PATH, forget_deployed_app, wait_deployed
 from tests.support.request_builders import normalised_observation
 
 pytestmark = pytest.mark.cluster
@@ -122,7 +122,7 @@ def set_classes(on: bool) -> None:
     started = time.time()
     serve.context._get_global_client().deploy_apps(ServeDeploySchema(applications=[app]))
     wait_deployed(started, DEPLOY_TIMEOUT_S)
-    _current.clear()  # the running app now differs from any args-only deploy: the next module deploys its own
+    forget_deployed_app()  # the running app now differs from any args-only deploy: the next module deploys its own
 
 
 def test_a_robot_keeps_its_pace_beside_a_saturating_farm_only_with_classes(serve_cluster, ensure_app):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dreamzero_client.wire import codec
-from tests.cluster.conftest import AUTH, METRICS_URL
+from tests.support.cluster import AUTH, METRICS_URL
 from tests.support.request_builders import decode, normalised_body, raw_body
 
 pytestmark = pytest.mark.cluster

@@ -17,8 +17,15 @@ import time
 import pytest
 import yaml
 
-from tests.cluster import conftest
-from tests.cluster.conftest import APP, BASE_ARGS, DEPLOY_TIMEOUT_S, wait_deployed, wait_healthy, wait_replicas
+from tests.support.cluster import (
+    APP,
+    BASE_ARGS,
+    DEPLOY_TIMEOUT_S,
+    forget_deployed_app,
+    wait_deployed,
+    wait_healthy,
+    wait_replicas,
+)
 from tests.support.request_builders import decode, normalised_body
 from tests.support.serve_process import ROOT
 
@@ -136,4 +143,4 @@ def test_scaling_and_a_ttl_change_through_the_shipped_config_lose_no_session(htt
                 if not cur["restarted"]:
                     assert (cur["step"], cur["incarnation"]) == (prev["step"] + 1, prev["incarnation"])
     finally:
-        conftest._current.clear()  # the next test deploys its own app again
+        forget_deployed_app()  # the next test deploys its own app again

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import pytest
 
-from tests.cluster.conftest import APP, BASE_ARGS, wait_replicas
+from tests.support.cluster import APP, BASE_ARGS, wait_replicas
 from tests.support.request_builders import decode, normalised_body
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

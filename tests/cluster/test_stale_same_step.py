@@ -22,7 +22,7 @@ from websockets.sync.client import connect as ws_connect
 
 from deployments.routing import ws_session_id
 from dreamzero_client.wire import codec, openpi
-from tests.cluster.conftest import BASE_ARGS
+from tests.support.cluster import BASE_ARGS
 from tests.support.observations import openpi_droid_observation
 from tests.support.request_builders import decode, normalised_body, raw_body
 

@@ -14,8 +14,15 @@ import zmq
 from websockets.sync.client import connect
 
 from dreamzero_client.wire import openpi, rldx
-from tests.cluster import conftest
-from tests.cluster.conftest import APP, BASE_ARGS, DEPLOY_TIMEOUT_S, IMPORT_PATH, METRICS_URL, wait_deployed
+from tests.support.cluster import (
+    APP,
+    BASE_ARGS,
+    DEPLOY_TIMEOUT_S,
+    IMPORT_PATH,
+    METRICS_URL,
+    forget_deployed_app,
+    wait_deployed,
+)
 from tests.support.host import free_port
 from tests.support.observations import openpi_droid_observation
 from tests.support.request_builders import decode, normalised_body
@@ -333,5 +340,5 @@ def test_rotating_keys_through_the_ingress_user_config(http, app, key_file):
         robot.step()
         assert robot.continued() and policy_actor() == before
     finally:
-        conftest._current.clear()  # the next ensure_app deploys again (without the user_config)
+        forget_deployed_app()  # the next ensure_app deploys again (without the user_config)
     assert decode(post(http, app, "team-c-key-0", ["c"], t=4).content)["sessions"][0]["step"] == 2

@@ -12,10 +12,10 @@ import pytest
 
 from dreamzero.embodiments import get_embodiment
 from dreamzero_client.wire import codec, generations
-from tests.cluster.conftest import API_KEY, AUTH, BASE_ARGS
-from tests.cluster.test_openpi_ws import connect, droid_frame, pack, recv
+from tests.support.cluster import API_KEY, AUTH, BASE_ARGS
 from tests.support.host import free_port
 from tests.support.lerobot import DROID_MODALITY, random_episodes, write_v2
+from tests.support.openpi_wire import connect, droid_frame, pack, recv
 from tests.support.request_builders import decode, droid_raw_observation
 from tests.support.rldx import RldxShapedClient, droid_rldx_observation
 

@@ -6,9 +6,14 @@ costs ~30 s of this 2-core machine to start):
 - `tiny_server`: the same config with `model_path: null`, the random tiny model the docs name for a quick try.
 
 A test that takes one must not stop it and uses session ids of its own; one that needs a server to die in front of
-its client cuts a `tests.support.tcp_relay.TcpRelay` in front of it instead."""
+its client cuts a `tests.support.tcp_relay.TcpRelay` in front of it instead.
+
+`franky_sim` (module scope): franky-sim's robot IP, for the Franka modules that drive the real franky code path;
+skipped where franky or franky-sim is not installed."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -48,3 +53,15 @@ def pytest_runtest_teardown(item, nextitem):
     for name in names:
         if not any(name in getattr(other, "fixturenames", ()) for other in later):
             _running[name].stop()
+
+
+@pytest.fixture(scope="module")
+def franky_sim():
+    """franky-sim started for the module (tests/support/franky_sim.py), as its robot IP; killed when it is done."""
+    from tests.support.franky_sim import SIM, running_franky_sim
+
+    pytest.importorskip("franky", reason="franky-control is not installed (./scripts/install.sh installs it)")
+    if not os.path.exists(SIM):
+        pytest.skip("franky-sim is not installed (pip install franky-sim)")
+    with running_franky_sim() as host:
+        yield host

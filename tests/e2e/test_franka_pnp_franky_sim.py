@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.e2e.test_franka_franky_sim import franky_sim  # noqa: F401  (the simulator fixture, module scope)
 from tests.support.franka_pnp import TARGET, task_poses
 from tests.support.serve_process import ServeRun
 
@@ -76,7 +75,7 @@ def _check_episodes(log_dir: Path, episodes: int) -> list[str]:
     return ids
 
 
-def test_franka_pnp_episodes_on_franky_sim_over_openpi(franky_sim, pnp_server, tmp_path):  # noqa: F811
+def test_franka_pnp_episodes_on_franky_sim_over_openpi(franky_sim, pnp_server, tmp_path):
     from dreamzero_franka.cli import main
 
     ws_url = pnp_server.url.replace("http://", "ws://") + "/v1/realtime/robot/openpi"

@@ -17,15 +17,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    # one run per CI: as the offline stage of the rehearsal (tests/e2e/test_gpu_rehearsal.py), not twice
-    pytest.mark.skipif(
-        not os.environ.get("GPU_CHECK_REHEARSAL"),
-        reason="runs as the offline stage of scripts/gpu-check.sh --rehearse (tests/e2e/test_gpu_rehearsal.py)",
-    ),
-]
+# the rehearsal's `offline` stage (scripts/gpu-check.sh --rehearse); CI runs it as a test of its own, beside the
+# rehearsal's other stages on the other pytest-xdist worker (tests/e2e/test_gpu_rehearsal.py: CI_STAGES)
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_DIRS = [str(ROOT / "clients" / d) for d in ("dreamzero-client", "dreamzero-droid", "dreamzero-franka")]

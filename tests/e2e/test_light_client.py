@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from tests.house.test_robot_client import DEPENDENCIES, ROBOT_CLIENT_TESTS, TEST_LIBRARIES, client_test_closure
+from tests.support.robot_client import DEPENDENCIES, ROBOT_CLIENT_TESTS, TEST_LIBRARIES, client_test_closure
 from tests.support.serve_process import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

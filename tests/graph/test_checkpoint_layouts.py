@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 from dreamzero_client.wire import codec
-from tests.graph.conftest import GRAPH_ARGS
 from tests.support.checkpoints import write_tiny_layouts
-from tests.support.request_builders import content_type, post_generation, raw_body, served_over_http
+from tests.support.request_builders import GRAPH_ARGS, content_type, post_generation, raw_body, served_over_http
 
 PRESET = {"hf": None, "full_weights": "tiny", "diffusers": None}
 

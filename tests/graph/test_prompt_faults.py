@@ -15,7 +15,7 @@ from deployments.preprocess import PreprocessDeployment
 from serve_graph.builder import ingress_settings
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
-from tests.graph.test_front_door import MSGPACK, FakePolicy
+from tests.support.ingress import MSGPACK, FakePolicy
 from tests.support.request_builders import LocalHandle, decode, raw_body
 
 

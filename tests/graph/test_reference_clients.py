@@ -19,7 +19,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from deployments.requests import openpi as openpi_frames
 from dreamzero_client.wire import openpi
-from tests.graph.test_front_door import KEY, door  # noqa: F401 - the in-process ingress fixture
+from tests.support.ingress import KEY
 from tests.support.observations import openpi_droid_observation
 
 WS_HEADERS = {"Authorization": f"Api-Key {KEY}"}
@@ -49,7 +49,7 @@ def _obs(session_id: str, seed: int = 0) -> dict:
 
 
 @pytest.mark.parametrize("path", ["/", VLLM_PATH])
-def test_the_handshake_builds_the_reference_dataclass_on_both_paths(door, path):  # noqa: F811
+def test_the_handshake_builds_the_reference_dataclass_on_both_paths(door, path):
     with door.client.websocket_connect(path, headers=WS_HEADERS) as ws:
         handshake = _recv(ws)
     cfg = PolicyServerConfig(**handshake)  # an extra key would be a TypeError
@@ -58,7 +58,7 @@ def test_the_handshake_builds_the_reference_dataclass_on_both_paths(door, path):
     assert (cfg.needs_stereo_camera, cfg.needs_session_id, cfg.action_space) == (False, True, "joint_position")
 
 
-def test_dreamzero_client_infer_is_the_bare_array_and_reset_the_text(door):  # noqa: F811
+def test_dreamzero_client_infer_is_the_bare_array_and_reset_the_text(door):
     with door.client.websocket_connect("/", headers=WS_HEADERS) as ws:
         PolicyServerConfig(**_recv(ws))
         for seed in range(2):
@@ -72,7 +72,7 @@ def test_dreamzero_client_infer_is_the_bare_array_and_reset_the_text(door):  # n
     assert door.policy.batches[-1].reset_mask == [True]  # the infer after reset started the session fresh
 
 
-def test_vllm_omni_client_without_endpoint_gets_an_array_and_a_msgpack_reset(door):  # noqa: F811
+def test_vllm_omni_client_without_endpoint_gets_an_array_and_a_msgpack_reset(door):
     with door.client.websocket_connect(VLLM_PATH, headers=WS_HEADERS) as ws:
         handshake = _recv(ws)
         assert handshake["image_resolution"] == [180, 320] and handshake["action_space"] == "joint_position"
@@ -83,7 +83,7 @@ def test_vllm_omni_client_without_endpoint_gets_an_array_and_a_msgpack_reset(doo
         assert _recv(ws) == {"status": "reset successful"}
 
 
-def test_the_dict_form_is_an_opt_in_by_query_or_by_message(door):  # noqa: F811
+def test_the_dict_form_is_an_opt_in_by_query_or_by_message(door):
     with door.client.websocket_connect("/?response_format=dict", headers=WS_HEADERS) as ws:
         assert set(_recv(ws)) == set(openpi_frames.HANDSHAKE_KEYS)  # the query changes replies, not the handshake
         ws.send_bytes(openpi.pack_frame(_obs("s")))
@@ -97,7 +97,7 @@ def test_the_dict_form_is_an_opt_in_by_query_or_by_message(door):  # noqa: F811
         assert _recv(ws)["actions"].shape == (24, 8)
 
 
-def test_the_extended_handshake_says_the_rest_and_a_resumed_connection_continues(door):  # noqa: F811
+def test_the_extended_handshake_says_the_rest_and_a_resumed_connection_continues(door):
     with door.client.websocket_connect("/?handshake=extended", headers=WS_HEADERS) as ws:
         extended = _recv(ws)
         assert {k: extended[k] for k in openpi_frames.HANDSHAKE_KEYS} == openpi_frames.handshake_config()
@@ -119,7 +119,7 @@ def test_the_extended_handshake_says_the_rest_and_a_resumed_connection_continues
     assert batch.reset_mask == [False] and batch.expected_steps == [2]  # the echo reached the replica
 
 
-def test_a_plain_connection_frees_its_session_at_close_a_resumable_one_keeps_it(door, monkeypatch):  # noqa: F811
+def test_a_plain_connection_frees_its_session_at_close_a_resumable_one_keeps_it(door, monkeypatch):
     dropped: list = []
     monkeypatch.setattr(door.policy, "drop_sessions", lambda ids: dropped.extend(ids) or len(ids))
     for query in ("", "?handshake=extended"):
@@ -134,7 +134,7 @@ def test_a_plain_connection_frees_its_session_at_close_a_resumable_one_keeps_it(
     "query, field",
     [("handshake=full", "handshake"), ("response_format=json", "response_format"), ("resume=abc", "resume")],
 )
-def test_a_bad_query_parameter_is_an_error_frame_naming_it(door, query, field):  # noqa: F811
+def test_a_bad_query_parameter_is_an_error_frame_naming_it(door, query, field):
     with door.client.websocket_connect(f"/?{query}", headers=WS_HEADERS) as ws:
         err = _recv(ws)
         assert err["type"] == "error" and err["field"] == field and err["status"] == 422
@@ -143,7 +143,7 @@ def test_a_bad_query_parameter_is_an_error_frame_naming_it(door, query, field): 
     assert info.value.code == 1008
 
 
-def test_a_body_that_trickles_past_the_doors_bound_is_a_408(door):  # noqa: F811
+def test_a_body_that_trickles_past_the_doors_bound_is_a_408(door):
     """Serve's proxy timeout is off in the shipped config (it would end WebSockets), so the door bounds the body."""
     import asyncio
     from types import SimpleNamespace

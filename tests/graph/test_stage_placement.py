@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 from dreamzero_client.wire import codec
-from tests.graph.conftest import GRAPH_ARGS
-from tests.support.request_builders import post_generation, raw_body, served_over_http
+from tests.support.request_builders import GRAPH_ARGS, post_generation, raw_body, served_over_http
 
 PLACEMENTS = {
     "front-door": {"preprocess": {"placement": "ingress"}, "postprocess": {"placement": "ingress"}},

@@ -67,7 +67,7 @@ DEPLOYMENT_LAYERS = (
             "deployments.policy", "deployments.batcher", "deployments.batch_merge", "deployments.replay",
             "deployments.preprocess", "deployments.postprocess", "deployments.stages", "deployments.calls",
             "deployments.model_info", "deployments.cfg_rank", "deployments.live_tuning", "deployments.tenant_ledger",
-            "deployments.engine", "deployments.admission", "deployments.replica_report",
+            "deployments.engine", "deployments.admission", "deployments.replica_report", "deployments.batch_slices",
         ),
     ),
     (

@@ -1,4 +1,4 @@
-"""Fakes for the evaluation tests: a tiny OpenPI WebSocket server, a scripted link, and a fake Isaac env.
+"""Fakes for the evaluation and DROID runtime tests: a tiny OpenPI WebSocket server, scripted links, a fake Isaac env.
 
 `FakeOpenPIServer` speaks the DROID OpenPI protocol (handshake, infer, reset) on 127.0.0.1 with failures that a test
 can inject: an error frame, a bad (non-finite) chunk, or the whole server stopping after N calls.
@@ -15,6 +15,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.server import serve
 
 from deployments.requests import openpi as openpi_frames
+from dreamzero_client.errors import BadRequestError
 from dreamzero_client.wire import openpi
 from dreamzero_droid.policy import DroidPolicy, LinkReply, PolicyCallError
 
@@ -128,9 +129,62 @@ class ScriptedLink:
         pass
 
 
+class RecordingLink:
+    """A Link that answers zeros and a session report; `reports` script the report of each call."""
+
+    name = "recording"
+
+    def __init__(self, reports=None, actions=None):
+        self.queries, self.resets, self.reports, self.actions = [], [], list(reports or []), actions
+
+    def send(self, query):
+        self.queries.append(query)
+        report = self.reports.pop(0) if self.reports else None
+        actions = np.zeros((24, 8), np.float32) if self.actions is None else self.actions
+        return LinkReply(actions, report, {"total": 1.0})
+
+    def reset(self, session_id):
+        self.resets.append(session_id)
+
+    def close(self):
+        pass
+
+
+class RtcScriptedLink(ScriptedLink):
+    """Drift chunks from the observed joints; with RTC and a client prefix the chunk continues the prefix (its first
+    d rows are the prefix, then 0.01 rad a row on), as the server's clamp would. `refuse` answers 422 naming it."""
+
+    def __init__(self, refuse: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.refuse, self.queries = refuse, []
+
+    def send(self, query):
+        self.queries.append(query)
+        rtc = query.rtc
+        if rtc is not None and self.refuse:
+            raise BadRequestError(
+                f"unknown field {self.refuse}", 422, "invalid_observation", f"parameters.{self.refuse}"
+            )
+        reply = super().send(query)
+        actions, session = np.array(reply.actions), {"session_id": query.session_id, "step": len(self.calls)}
+        if rtc is not None:
+            d = rtc.prefix_len
+            actions[:d, :7] = rtc.action_prefix[:d, :7]
+            actions[d:, :7] = actions[d - 1, :7] + 0.01 * np.arange(1, self.horizon - d + 1)[:, None]
+            session["rtc"] = "client_prefix"
+        return LinkReply(actions, session)
+
+
 def scripted_policy(**kwargs) -> tuple[DroidPolicy, ScriptedLink]:
     link = ScriptedLink(**kwargs)
     return DroidPolicy(link, session_prefix="droid-eval"), link
+
+
+def mujoco_env(scene):
+    """The MuJoCo DROID scene at a small image size and fast rendering: what the runner tests evaluate on."""
+    from eval.mujoco_droid import MujocoDroidEnv
+
+    return MujocoDroidEnv(scene, image_size=(90, 160), render_quality="fast")
 
 
 class FakeIsaacEnv:

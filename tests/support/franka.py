@@ -1,4 +1,5 @@
-"""Fakes for the Franka client tests: a scripted in-process link and a small OpenPI WebSocket server.
+"""Fakes for the Franka client tests: a scripted in-process link, a small OpenPI WebSocket server, a scripted
+operator, and the DROID episode runner on simulated devices (`make_runner`).
 
 The WebSocket server speaks the OpenPI wire format (msgpack with the `__ndarray__` marker, metadata frame on connect,
 `{"endpoint": "reset"}`) and answers DROID-shaped (24, 8) chunks near the pose it is sent (as a franka_pnp server:
@@ -260,3 +261,39 @@ class ScriptedOperator:
 
     def close(self) -> None:
         pass
+
+
+# 6. the DROID episode runner on simulated devices ---------------------------------------------------------------
+HZ = 50.0  # faster than 15 Hz so the tests take well under a second per episode
+
+
+def make_runner(transport, operator=None, safety=None, robot=None, cameras=None, **loop):
+    """(runner, robot, gripper): a `DroidEpisodeRunner` at `HZ` on simulated devices (three synthetic cameras, one of
+    them at another size), its DROID policy over `transport`; `loop` overrides `LoopConfig`'s fields."""
+    from dreamzero_droid.policy import DroidPolicy
+    from dreamzero_franka.common.loop import LoopConfig
+    from dreamzero_franka.common.sim_backends import SimGripper, SimRobot, SyntheticCamera
+    from dreamzero_franka.droid.loop import DroidEpisodeRunner
+    from dreamzero_franka.droid.safety import SafetyConfig, SafetyFilter
+
+    loop = {"control_hz": HZ, "max_steps": 40, "watchdog_timeout_s": 0.3, "record_video": False, **loop}
+    robot = robot or SimRobot()
+    gripper = SimGripper()
+    cameras = cameras or {
+        "exterior_image_0_left": SyntheticCamera("ext0", 180, 320),
+        "exterior_image_1_left": SyntheticCamera("ext1", 480, 640),  # resized + padded by the policy
+        "wrist_image_left": SyntheticCamera("wrist", 180, 320),
+    }
+    for device in (robot, gripper, *cameras.values()):
+        device.connect()
+    policy = DroidPolicy(transport, prompt="put the cube in the bowl", session_prefix="franka")
+    runner = DroidEpisodeRunner(
+        robot,
+        gripper,
+        cameras,
+        policy,
+        safety or SafetyFilter(SafetyConfig(control_hz=15.0)),
+        LoopConfig(**loop),
+        operator or ScriptedOperator(),
+    )
+    return runner, robot, gripper

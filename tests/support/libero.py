@@ -1,4 +1,5 @@
-"""Fakes for the LIBERO eval tests: a picklable backend whose envs speak robosuite's observation dict.
+"""Fakes for the LIBERO eval tests: a picklable backend whose envs speak robosuite's observation dict, a client
+answering fixed chunks (`FakeClient`), and the evaluation's config for them (`libero_config`).
 
 Lives in its own light module so spawned env workers can import it without pytest. The fake env's scene is a point
 that moves by the action's first 3 dims; a task succeeds once the point's x passes `goal_x`. Its images are upside
@@ -14,6 +15,7 @@ import numpy as np
 
 from eval.libero.env import TaskInfo
 
+FORK = "fork"  # fast worker start in tests; one test covers the default (spawn)
 SIDE = 16
 MARKER = 200  # value of the bottom-right pixel of a raw image: after the 180-degree turn it is the top-left one
 
@@ -84,3 +86,47 @@ class FakeBackend:
         hang = self.hang[1] if self.hang and self.hang[0] == task_id else None
         crash = self.crash[1] if self.crash and self.crash[0] == task_id else None
         return FakeEnv(f"put bowl {task_id} on the plate", task_id, self.goal_x, hang, crash)
+
+
+@dataclass
+class FakeClient:
+    """Answers every row with the same 16-action chunk: +x (task 0 succeeds after 3 steps) or still (task 1)."""
+
+    fail_calls: dict = field(default_factory=dict)  # call number -> exception to raise
+    calls: list = field(default_factory=list)
+    forgotten: list = field(default_factory=list)
+
+    def generate(self, observation, prompts, session_ids, form="raw", reset=None, seed=None, **kw):
+        images = observation["video.image"] if form == "raw" else observation["images"]
+        self.calls.append(
+            {
+                "ids": list(session_ids),
+                "reset": list(reset),
+                "form": form,
+                "prompts": list(prompts),
+                "t": images.shape[1],
+            }
+        )
+        if len(self.calls) in self.fail_calls:
+            raise self.fail_calls[len(self.calls)]
+        b = len(session_ids)
+        actions = np.zeros((b, 16, 7 if form == "raw" else 32), dtype=np.float32)
+        for i, prompt in enumerate(prompts):
+            if "bowl 0" in prompt:
+                actions[i, :, 0] = 1.0
+        sessions = [{"session_id": sid, "step": 1, "restarted": r} for sid, r in zip(session_ids, reset)]
+        return type("Result", (), {"actions": actions, "sessions": sessions})()
+
+    def forget_sessions(self, ids):
+        self.forgotten.append(ids)
+
+
+def libero_config(tmp_path, **kw):
+    """A `LiberoEvalConfig` for the fake envs: 3 envs, 12 steps, 4-action chunks, no video, forked workers."""
+    from eval.libero.runner import LiberoEvalConfig
+
+    base = dict(
+        out_dir=tmp_path, num_envs=3, max_steps=12, action_chunk=4, settle_steps=1, record_video=False,
+        step_timeout_s=20.0, reset_timeout_s=60.0, start_method=FORK,
+    )  # fmt: skip
+    return LiberoEvalConfig(**{**base, **kw})

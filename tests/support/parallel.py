@@ -1,12 +1,14 @@
 """Test processes on this 2-core machine: torch's threads in each (one by default, `torch_threads`), and how
-`pytest -n 2 --dist loadgroup` (pytest-xdist; `DREAMZERO_TEST_WORKERS=2 scripts/test.sh`, off by default: measured
-slower here, docs/testing.md) shares the suite between its workers.
+`pytest -n 2 --dist loadgroup` (pytest-xdist; scripts/test.sh's default, `DREAMZERO_TEST_WORKERS=0` for a serial
+run: docs/testing.md) shares the suite between its workers.
 
 Every test gets an `xdist_group`, and a group runs whole on one worker:
   - all of tests/cluster is one group, so one worker starts the session's Ray cluster (tests/cluster/conftest.py)
     and every cluster test reuses it, as in a serial run (two clusters would also cost two ~30 s deploys per app);
   - the e2e tests that take one of the tier's shared `serve run`s (`shipped_server`, `tiny_server`:
     tests/e2e/conftest.py) are one group per server, so each starts once;
+  - each of the GPU-check rehearsal's runs is a group of its own (`GROUP_PER_TEST`): the full run is most of one
+    worker's time, so the other two run on the other worker;
   - any other test is grouped by its module, so a module-scoped fixture (a trained model, a written checkpoint, a
     `serve run`) is built once, never once per worker.
 
@@ -31,6 +33,9 @@ import pytest
 #: groups started first, longest first (the suite's --durations): whatever is not named keeps its collection order
 FIRST = ("tests/e2e/test_gpu_rehearsal.py", "tests/cluster", "tests/e2e")
 CLUSTER_GROUP = "tests/cluster"
+#: modules whose tests are a group each: the rehearsal's three runs are independent (each writes what it needs), and
+#: the longest of them alone is most of a worker's time
+GROUP_PER_TEST = ("tests/e2e/test_gpu_rehearsal.py",)
 #: the e2e tier's shared `serve run` fixtures: the tests taking one are a group (named for it)
 SHARED_SERVERS = ("shipped_server", "tiny_server")
 
@@ -71,6 +76,8 @@ def group_of(nodeid: str, fixtures: tuple[str, ...] | list[str] = ()) -> str:
     if shared:
         return "tests/e2e/" + shared[0]
     path = nodeid.split("::", 1)[0]
+    if path in GROUP_PER_TEST:
+        return nodeid
     return CLUSTER_GROUP if path.startswith(CLUSTER_GROUP + "/") else path
 
 
@@ -80,7 +87,7 @@ def _group(item: pytest.Item) -> str:
 
 def _rank(group: str) -> int:
     for i, prefix in enumerate(FIRST):
-        if group == prefix or group.startswith(prefix + "/"):
+        if group == prefix or group.startswith((prefix + "/", prefix + "::")):
             return i
     return len(FIRST)
 

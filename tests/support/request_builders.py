@@ -84,6 +84,11 @@ class LocalHandle:
 
 
 GENERATIONS = "/v1/actions/generations"
+#: the graph tier's app (tests/graph): the embedded tiny model with the cheapest loop that runs every stage
+GRAPH_ARGS = {
+    "pipeline": {"num_inference_steps": 2, "dit_step_mask": None},
+    "sessions": {"max_sessions": 8},
+}
 
 
 @contextmanager

@@ -1,5 +1,6 @@
 """Certificates made at run time for the TLS tests (the `cryptography` package), and a TLS server of the kind Serve's
-proxy runs (uvicorn with `ssl_keyfile` / `ssl_certfile`), in a thread, for the client-side cases.
+proxy runs (uvicorn with `ssl_keyfile` / `ssl_certfile`), in a thread, for the client-side cases: `tls_servers` runs
+a small /health + OpenPI WebSocket app (`openpi_app`) behind each certificate (the unit tier's `tls_servers` fixture).
 
     pki = make_pki(tmp_path)
     pki.ca                  # PEM of the test CA: the clients' ca_bundle
@@ -11,16 +12,21 @@ proxy runs (uvicorn with `ssl_keyfile` / `ssl_certfile`), in a thread, for the c
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from dreamzero_client.wire import openpi
 from tests.support.host import free_port
 
 
@@ -132,3 +138,32 @@ class TlsServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+#: what `openpi_app`'s WebSocket sends on connect
+HANDSHAKE = {"server": "tls-test"}
+
+
+async def openpi_app(scope, receive, send):
+    """/health in JSON and an OpenPI-shaped WebSocket (handshake, then `{"actions": ...}` per frame)."""
+    if scope["type"] == "http":
+        body = json.dumps({"status": "ok", "scheme": scope["scheme"]}).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+    elif scope["type"] == "websocket":
+        await receive()  # websocket.connect
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.send", "bytes": openpi.pack_frame(HANDSHAKE)})
+        while (msg := await receive())["type"] == "websocket.receive":
+            obs, _ = openpi.unpack_frame(msg["bytes"])
+            reply = {"actions": np.full((2, 8), float(obs["step"]), np.float32), "scheme": scope["scheme"]}
+            await send({"type": "websocket.send", "bytes": openpi.pack_frame(reply)})
+
+
+@contextmanager
+def tls_servers(pki: Pki) -> Iterator[dict[str, int]]:
+    """name -> port: `openpi_app` behind each certificate of `pki` ("good", "other_host", "expired"), and once in
+    plain HTTP ("plain"); all stopped on exit."""
+    certs = {"good": pki.localhost, "other_host": pki.other_host, "expired": pki.expired, "plain": None}
+    with ExitStack() as stack:
+        yield {name: stack.enter_context(TlsServer(openpi_app, cert)).port for name, cert in certs.items()}

@@ -9,7 +9,7 @@ from dreamzero_client.errors import PolicyServerError, QuotaExceededError, Serve
 from dreamzero_client.openpi_client import _error_from_frame
 from dreamzero_client.wire import replies
 from dreamzero_client.zmq_client import _server_error
-from tests.unit.client.test_http_client import FakeActionServer, _client, _obs
+from tests.support.action_server import FakeActionServer, action_client, small_observation
 
 
 @pytest.fixture
@@ -22,16 +22,16 @@ def server():
 def test_http_client_raises_quota_exceeded_with_retry_after_and_does_not_retry(server):
     message = "tenant 'eval' is over its rate of 2 requests/s (requests_per_s); retry after 0.40 s"
     server.script = [(429, {"Retry-After": "7"}, replies.error_body("quota_exceeded", message))] * 3
-    with _client(server, max_retries=3) as client:
+    with action_client(server, max_retries=3) as client:
         with pytest.raises(QuotaExceededError) as info:
-            client.generate(_obs(), "pick", "s")
+            client.generate(small_observation(), "pick", "s")
     err = info.value
     assert (err.status, err.code, err.retry_after_s, err.message) == (429, "quota_exceeded", 7.0, message)
     assert len(server.posts()) == 1
     # without Retry-After (a request too large for the quota: waiting cannot help)
     server.script = [(429, {}, replies.error_body("quota_exceeded", "split it"))]
-    with _client(server) as client, pytest.raises(QuotaExceededError) as info:
-        client.generate(_obs(), "pick", "s")
+    with action_client(server) as client, pytest.raises(QuotaExceededError) as info:
+        client.generate(small_observation(), "pick", "s")
     assert info.value.retry_after_s is None
 
 

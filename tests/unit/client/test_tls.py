@@ -2,12 +2,12 @@
 the malformed-request corpus: a certificate the client cannot trust (no CA bundle, another CA), one for another host
 name, an expired one, and a port that does not speak TLS, each refused at once with its exact `SecureChannelError`
 and never retried, never answered in plain text. The servers are uvicorn with `ssl_certfile` / `ssl_keyfile`, as
-Serve's proxy runs it (tests/e2e/test_tls_serve.py does the same through a real `serve run`). Robot client only: the
-DROID links and the command lines over TLS are in tests/unit/droid_runtime/test_tls_links.py."""
+Serve's proxy runs it (tests/e2e/test_tls_serve.py does the same through a real `serve run`; the `pki` and
+`tls_servers` fixtures: tests/unit/conftest.py). Robot client only: the DROID links and the command lines over TLS
+are in tests/unit/droid_runtime/test_tls_links.py."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import numpy as np
@@ -16,49 +16,14 @@ import pytest
 from dreamzero_client.errors import ConfigError, SecureChannelError
 from dreamzero_client.http_client import ActionClient
 from dreamzero_client.openpi_client import OpenPIClient
-from dreamzero_client.wire import openpi
-from tests.support.tls import TlsServer, make_pki
+from tests.support.tls import HANDSHAKE
 
-HANDSHAKE = {"server": "tls-test"}
 #: a retry or a reconnect would sleep this long first: a refusal must come well before it
 BACKOFF_S = 30.0
 
 
-async def app(scope, receive, send):
-    """/health in JSON and an OpenPI-shaped WebSocket (handshake, then `{"actions": ...}` per frame)."""
-    if scope["type"] == "http":
-        body = json.dumps({"status": "ok", "scheme": scope["scheme"]}).encode()
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
-        await send({"type": "http.response.body", "body": body})
-    elif scope["type"] == "websocket":
-        await receive()  # websocket.connect
-        await send({"type": "websocket.accept"})
-        await send({"type": "websocket.send", "bytes": openpi.pack_frame(HANDSHAKE)})
-        while (msg := await receive())["type"] == "websocket.receive":
-            obs, _ = openpi.unpack_frame(msg["bytes"])
-            reply = {"actions": np.full((2, 8), float(obs["step"]), np.float32), "scheme": scope["scheme"]}
-            await send({"type": "websocket.send", "bytes": openpi.pack_frame(reply)})
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
-def servers(pki):
-    """name -> port: the same app behind each certificate, and once in plain HTTP."""
-    certs = {"good": pki.localhost, "other_host": pki.other_host, "expired": pki.expired, "plain": None}
-    running = {name: TlsServer(app, cert) for name, cert in certs.items()}
-    for server in running.values():
-        server.__enter__()
-    yield {name: server.port for name, server in running.items()}
-    for server in running.values():
-        server.__exit__()
-
-
-def test_https_and_wss_round_trips_verified_by_the_ca_bundle(pki, servers):
-    port = servers["good"]
+def test_https_and_wss_round_trips_verified_by_the_ca_bundle(pki, tls_servers):
+    port = tls_servers["good"]
     with ActionClient(f"https://localhost:{port}", ca_bundle=pki.ca, timeout_s=10) as client:
         assert client.health() == {"status": "ok", "scheme": "https"}
         assert client.wait_until_ready(timeout_s=10)["scheme"] == "https"
@@ -84,10 +49,10 @@ REFUSALS = {  # case -> (server, ca bundle, OpenSSL's reason, what the message t
 
 @pytest.mark.parametrize("case", sorted(REFUSALS))
 @pytest.mark.parametrize("transport", ["https", "wss"])
-def test_a_certificate_that_does_not_verify_is_refused_at_once(pki, servers, case, transport):
+def test_a_certificate_that_does_not_verify_is_refused_at_once(pki, tls_servers, case, transport):
     server, bundle, reason, hint = REFUSALS[case]
     ca_bundle = getattr(pki, bundle) if bundle else None
-    url = f"{transport}://localhost:{servers[server]}"
+    url = f"{transport}://localhost:{tls_servers[server]}"
     expected = f"TLS: the certificate of {url} did not verify: {reason}; {hint}"
     t0 = time.monotonic()
     with pytest.raises(SecureChannelError) as refused:
@@ -102,8 +67,8 @@ def test_a_certificate_that_does_not_verify_is_refused_at_once(pki, servers, cas
     assert time.monotonic() - t0 < BACKOFF_S / 2, "refused only after a retry"
 
 
-def test_generate_is_refused_without_retries(pki, servers):
-    url = f"https://localhost:{servers['expired']}"
+def test_generate_is_refused_without_retries(pki, tls_servers):
+    url = f"https://localhost:{tls_servers['expired']}"
     with ActionClient(url, ca_bundle=pki.ca, max_retries=3, backoff_s=BACKOFF_S) as c:
         t0 = time.monotonic()
         with pytest.raises(SecureChannelError, match="certificate has expired"):
@@ -112,8 +77,8 @@ def test_generate_is_refused_without_retries(pki, servers):
 
 
 @pytest.mark.parametrize("transport", ["https", "wss"])
-def test_a_port_without_tls_is_a_failed_handshake_not_plain_text(pki, servers, transport):
-    url = f"{transport}://localhost:{servers['plain']}"
+def test_a_port_without_tls_is_a_failed_handshake_not_plain_text(pki, tls_servers, transport):
+    url = f"{transport}://localhost:{tls_servers['plain']}"
     with pytest.raises(SecureChannelError) as refused:
         if transport == "https":
             ActionClient(url, ca_bundle=pki.ca, timeout_s=10, max_retries=0).health()

@@ -25,7 +25,7 @@ from dreamzero_client.wire import codec, openpi
 from serve_graph.builder import ingress_settings
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
-from tests.graph.test_front_door import FakePolicy
+from tests.support.ingress import FakePolicy
 from tests.support.request_builders import LocalHandle, decode
 
 KEYS = {"team-a": "key-a-123", "team-b": "key-b-456"}

@@ -4,60 +4,18 @@ Postprocess, a Policy deployment serving a recorded LeRobot episode (no weights)
 from __future__ import annotations
 
 import asyncio
-import inspect
-import threading
 import time
 
 import msgpack
 import numpy as np
 import pytest
 
-from deployments.config.sections import ReplayArgs
-from deployments.config.settings import PolicySettings
-from deployments.doors.zmq import ZmqDoor
-from deployments.graph_runner import GraphRunner
-from deployments.policy import PolicyDeployment
-from deployments.postprocess import PostprocessDeployment
-from deployments.preprocess import PreprocessDeployment
 from dreamzero.embodiments import get_embodiment
 from dreamzero_client.errors import AuthenticationError, ReplyTimeout
 from dreamzero_client.zmq_client import ZmqPolicyClient
-from serve_graph.builder import zmq_door_settings
-from serve_graph.config import parse_app_args
-from serve_graph.model_source import resolve_model
-from tests.support.host import free_port
 from tests.support.lerobot import DROID_MODALITY, random_episodes, write_v2
 from tests.support.rldx import RldxShapedClient, droid_rldx_observation
-
-TOKEN = "door-token"
-
-
-class _Method:
-    def __init__(self, fn, delay_s: float = 0.0):
-        self.fn, self.delay_s = fn, delay_s
-
-    def remote(self, *args):
-        async def run():
-            if self.delay_s:
-                await asyncio.sleep(self.delay_s)
-            out = self.fn(*args)
-            return await out if inspect.isawaitable(out) else out
-
-        return asyncio.ensure_future(run())  # awaitable and cancellable, like a DeploymentResponse
-
-
-class FakeHandle:
-    """Stands in for a DeploymentHandle: `.options(...)` is ignored, `.m.remote(...)` runs on the caller's loop."""
-
-    def __init__(self, obj, delay_s: float = 0.0):
-        self.obj, self.delay_s, self.calls = obj, delay_s, []
-
-    def options(self, **kwargs):
-        return self
-
-    def __getattr__(self, name):
-        self.calls.append(name)
-        return _Method(getattr(self.obj, name), self.delay_s if name == "generate" else 0.0)
+from tests.support.zmq_door import TOKEN, start_zmq_door
 
 
 @pytest.fixture(scope="module")
@@ -67,33 +25,9 @@ def episode(tmp_path_factory):
     return root, episodes[1]["action"]
 
 
-def _start_door(episode_dir, policy_delay_s=0.0, **zmq_args):
-    port = free_port()
-    cfg = parse_app_args({"api_key": TOKEN, "zmq": {"port": port, "host": "127.0.0.1", **zmq_args}})
-    replay = ReplayArgs(dataset=str(episode_dir), episode=1, stride=8)
-    policy = PolicyDeployment(PolicySettings(replay=replay))
-    handles = (FakeHandle(PreprocessDeployment()), FakeHandle(policy, policy_delay_s),
-               FakeHandle(PostprocessDeployment()))  # fmt: skip
-    settings = zmq_door_settings(cfg, resolve_model(cfg))
-    door = ZmqDoor(GraphRunner(*handles, settings.graph), settings)
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-
-    def run():
-        asyncio.set_event_loop(loop)
-        sock = door.bind()
-        started.set()
-        loop.run_until_complete(door.serve(sock))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert started.wait(10)
-    return door, loop, thread, port, handles
-
-
 @pytest.fixture(scope="module")
 def door(episode):
-    door, loop, thread, port, handles = _start_door(episode[0], request_timeout_s=20)
+    door, loop, thread, port, handles = start_zmq_door(episode[0], request_timeout_s=20)
     yield door, port, handles
     loop.call_soon_threadsafe(door.killed.set)
     thread.join(10)
@@ -194,7 +128,7 @@ def test_interleaved_clients_get_their_own_replies(door):
 
 
 def test_our_client_and_the_deadline(episode):
-    door, loop, thread, port, _ = _start_door(
+    door, loop, thread, port, _ = start_zmq_door(
         episode[0], policy_delay_s=3.0, request_timeout_s=0.5, allow_kill=True, max_in_flight=1
     )
     try:
@@ -229,7 +163,7 @@ def test_our_client_and_the_deadline(episode):
 
 
 def test_oversized_message_is_refused_with_a_reply(episode):
-    door, loop, thread, port, _ = _start_door(episode[0], max_message_bytes=4096)
+    door, loop, thread, port, _ = start_zmq_door(episode[0], max_message_bytes=4096)
     client = RldxShapedClient(port, TOKEN, timeout_s=5)
     try:
         # over ZMQ_MAXMSGSIZE the peer is disconnected by ZMQ itself; our own check answers what ZMQ lets through

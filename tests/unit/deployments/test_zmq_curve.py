@@ -1,5 +1,5 @@
 """CURVE on the ZeroMQ door (deployments/doors/zmq.py, `zmq.curve`), over a real ROUTER socket in process (the door
-of tests/unit/deployments/test_rldx_door.py): a client holding the server's public key and an allowed key pair
+of tests/support/zmq_door.py): a client holding the server's public key and an allowed key pair
 round-trips; an RLDX-1-shaped plain peer and a peer with an unknown key get no reply within a bound while the door keeps
 serving the others; our client names each refusal (`SecureChannelError`). Plus the `zmq.curve` config checks and the key
 CLI."""
@@ -21,7 +21,7 @@ from dreamzero_client.zmq_keys import read_public_key, read_secret_key
 from serve_graph.config import parse_app_args
 from tests.support.lerobot import DROID_MODALITY, random_episodes, write_v2
 from tests.support.rldx import RldxShapedClient, droid_rldx_observation
-from tests.unit.deployments.test_rldx_door import TOKEN, _start_door
+from tests.support.zmq_door import TOKEN, start_zmq_door
 
 #: how long a refused peer waits for a reply that must not come
 SILENCE_S = 1.5
@@ -63,7 +63,7 @@ def test_curve_door_with_an_allow_list(episode_dir, keys):
     robot_pub, robot_secret = keys["robot"]
     robot_key = read_public_key(robot_pub, "robot").decode()
     curve = {"secret_key_file": str(server_secret), "client_keys": [robot_key]}
-    door, loop, thread, port, _ = _start_door(episode_dir, request_timeout_s=20, curve=curve)
+    door, loop, thread, port, _ = start_zmq_door(episode_dir, request_timeout_s=20, curve=curve)
     good = ZmqPolicyClient("127.0.0.1", port, 20, TOKEN, server_key=server_pub, client_key_file=robot_secret)
     try:
         assert good.ping()
@@ -127,7 +127,7 @@ def test_curve_door_with_an_allow_list(episode_dir, keys):
 def test_curve_door_without_an_allow_list_takes_any_key_holder(episode_dir, keys, monkeypatch):
     public, secret = (k.decode() for k in read_secret_key(keys["server"][1], "server"))
     monkeypatch.setenv("DZ_TEST_ZMQ_SECRET", secret)
-    door, loop, thread, port, _ = _start_door(episode_dir, curve={"secret_key_env": "DZ_TEST_ZMQ_SECRET"})
+    door, loop, thread, port, _ = start_zmq_door(episode_dir, curve={"secret_key_env": "DZ_TEST_ZMQ_SECRET"})
     try:
         with ZmqPolicyClient("127.0.0.1", port, 20, TOKEN, server_key=public) as client:  # a fresh key pair
             assert client.ping()

@@ -27,7 +27,7 @@ from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
 from tests.support.lerobot import DROID_MODALITY, random_episodes, write_v2
 from tests.support.rldx import droid_rldx_observation
-from tests.unit.deployments.test_rldx_door import FakeHandle
+from tests.support.zmq_door import FakeHandle
 
 KEYS = {"alpha": "key-alpha", "beta": "key-beta", "admin": "key-admin"}
 

@@ -52,7 +52,7 @@ def test_http_link_sends_them_in_parameters_and_reads_the_echo():
 
 
 def test_a_late_reply_of_an_older_query_does_not_set_the_continuity_fields():
-    from tests.unit.droid_runtime.test_runtime import RecordingLink
+    from tests.support.evaluation import RecordingLink
 
     link = RecordingLink([{"step": 1, "incarnation": "a"}, {"step": 3, "incarnation": "a"}, {"step": 2}])
     policy = DroidPolicy(link, prompt="p")

@@ -22,9 +22,8 @@ from dreamzero_droid.policy import DroidPolicy, LinkReply, PolicyCallError
 from dreamzero_droid.rtc import DelayEstimator, RtcRequest, RtcSchedule, refused_fields, switch_jump
 from dreamzero_franka.cli import DeployArgs, build_parser
 from dreamzero_franka.common.loop import LoopConfig
-from tests.support.franka import ScriptedTransport, chunk_near
+from tests.support.franka import ScriptedTransport, chunk_near, make_runner
 from tests.support.observations import droid_runtime_observation
-from tests.unit.franka.test_loop import make_runner
 
 H = 24
 

@@ -21,38 +21,17 @@ from dreamzero_droid.links import HttpLink, OpenPILink, connect
 from dreamzero_droid.policy import (
     ChunkRejected,
     DroidPolicy,
-    LinkReply,
     PolicyCallError,
     classify_failure,
     validate_chunk,
 )
+from tests.support.evaluation import RecordingLink
 from tests.support.observations import droid_runtime_observation
 
 
 def droid_obs(value: int = 0, hw=(360, 640), prompt: str | None = None) -> dict:
     """The runtime's observation at a camera's own size (the runtime resizes it), gripper part closed."""
     return droid_runtime_observation(value, hw, gripper=0.25, prompt=prompt)
-
-
-class RecordingLink:
-    """A Link that answers zeros and a session report; `reports` script the report of each call."""
-
-    name = "recording"
-
-    def __init__(self, reports=None, actions=None):
-        self.queries, self.resets, self.reports, self.actions = [], [], list(reports or []), actions
-
-    def send(self, query):
-        self.queries.append(query)
-        report = self.reports.pop(0) if self.reports else None
-        actions = np.zeros((24, 8), np.float32) if self.actions is None else self.actions
-        return LinkReply(actions, report, {"total": 1.0})
-
-    def reset(self, session_id):
-        self.resets.append(session_id)
-
-    def close(self):
-        pass
 
 
 # 1. Observation builder and frame history ---------------------------------------------------------------------------

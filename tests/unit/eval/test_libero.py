@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -20,10 +19,8 @@ from eval.libero.adapter import (
 )
 from eval.libero.cli import parse_index_ranges
 from eval.libero.env import TaskInfo
-from eval.libero.runner import LiberoEvalConfig, plan_episodes, run_libero_evaluation
-from tests.support.libero import MARKER, FakeBackend, raw_image
-
-FORK = "fork"  # fast worker start in tests; one test covers the default (spawn)
+from eval.libero.runner import plan_episodes, run_libero_evaluation
+from tests.support.libero import MARKER, FakeBackend, FakeClient, libero_config, raw_image
 
 
 def _obs(quat=(0.0, 0.0, 0.0, 1.0), pos=(0.1, 0.2, 0.3)) -> dict:
@@ -168,50 +165,9 @@ def test_index_ranges():
 # 4. The runner with fake envs and a fake client ----------------------------------------------------------------------
 
 
-@dataclass
-class FakeClient:
-    """Answers every row with the same 16-action chunk: +x (task 0 succeeds after 3 steps) or still (task 1)."""
-
-    fail_calls: dict = field(default_factory=dict)  # call number -> exception to raise
-    calls: list = field(default_factory=list)
-    forgotten: list = field(default_factory=list)
-
-    def generate(self, observation, prompts, session_ids, form="raw", reset=None, seed=None, **kw):
-        images = observation["video.image"] if form == "raw" else observation["images"]
-        self.calls.append(
-            {
-                "ids": list(session_ids),
-                "reset": list(reset),
-                "form": form,
-                "prompts": list(prompts),
-                "t": images.shape[1],
-            }
-        )
-        if len(self.calls) in self.fail_calls:
-            raise self.fail_calls[len(self.calls)]
-        b = len(session_ids)
-        actions = np.zeros((b, 16, 7 if form == "raw" else 32), dtype=np.float32)
-        for i, prompt in enumerate(prompts):
-            if "bowl 0" in prompt:
-                actions[i, :, 0] = 1.0
-        sessions = [{"session_id": sid, "step": 1, "restarted": r} for sid, r in zip(session_ids, reset)]
-        return type("Result", (), {"actions": actions, "sessions": sessions})()
-
-    def forget_sessions(self, ids):
-        self.forgotten.append(ids)
-
-
-def _config(tmp_path, **kw) -> LiberoEvalConfig:
-    base = dict(
-        out_dir=tmp_path, num_envs=3, max_steps=12, action_chunk=4, settle_steps=1, record_video=False,
-        step_timeout_s=20.0, reset_timeout_s=60.0, start_method=FORK,
-    )  # fmt: skip
-    return LiberoEvalConfig(**{**base, **kw})
-
-
 def test_b_envs_share_one_request_and_success_once_is_kept_per_task(tmp_path):
     client = FakeClient()
-    summary = run_libero_evaluation(FakeBackend(num_init_states=2), client, _config(tmp_path))
+    summary = run_libero_evaluation(FakeBackend(num_init_states=2), client, libero_config(tmp_path))
     assert summary["episodes"] == 4 and summary["failed_episodes"] == 0
     assert summary["success_once"]["per_task"] == {0: 1.0, 1: 0.0} and summary["success_once"]["overall"] == 0.5
     first = client.calls[0]
@@ -238,7 +194,7 @@ def test_b_envs_share_one_request_and_success_once_is_kept_per_task(tmp_path):
 
 def test_a_hung_env_is_killed_recorded_and_the_run_finishes(tmp_path):
     backend = FakeBackend(num_init_states=2, hang=(1, 3))  # the env's 4th step: 1 settle step + episode step 2
-    summary = run_libero_evaluation(backend, FakeClient(), _config(tmp_path, step_timeout_s=1.5))
+    summary = run_libero_evaluation(backend, FakeClient(), libero_config(tmp_path, step_timeout_s=1.5))
     assert summary["episodes"] == 4
     failures = {(f["scene_id"], f["episode"]): f for f in summary["failures"]}
     assert set(failures) == {(1, 0), (1, 1)}
@@ -248,7 +204,7 @@ def test_a_hung_env_is_killed_recorded_and_the_run_finishes(tmp_path):
 
 def test_a_crashing_env_is_recorded_with_its_error(tmp_path):
     summary = run_libero_evaluation(
-        FakeBackend(num_init_states=1, crash=(1, 0)), FakeClient(), _config(tmp_path, num_envs=2)
+        FakeBackend(num_init_states=1, crash=(1, 0)), FakeClient(), libero_config(tmp_path, num_envs=2)
     )  # task 1 crashes in its settle step, while the episode starts
     (failure,) = summary["failures"]
     assert failure["reason"] == "env_error" and "MuJoCo instability" in failure["message"] and failure["step"] == 0
@@ -257,7 +213,7 @@ def test_a_crashing_env_is_recorded_with_its_error(tmp_path):
 
 def test_a_failed_request_fails_its_rows_and_the_run_goes_on(tmp_path):
     client = FakeClient(fail_calls={1: ServerUnavailableError("connection refused"), 3: BadRequestError("bad", 422)})
-    summary = run_libero_evaluation(FakeBackend(num_init_states=2), client, _config(tmp_path, num_envs=2))
+    summary = run_libero_evaluation(FakeBackend(num_init_states=2), client, libero_config(tmp_path, num_envs=2))
     reasons = sorted((f["reason"], f["step"]) for f in summary["failures"])
     # call 1 (task 0's episodes) fails at once; call 2 starts task 1's episodes; call 3 fails them after one chunk
     assert reasons == [("error_reply", 4), ("error_reply", 4), ("server_unreachable", 0), ("server_unreachable", 0)]
@@ -266,14 +222,16 @@ def test_a_failed_request_fails_its_rows_and_the_run_goes_on(tmp_path):
 
 def test_normalised_form_sends_one_frame_per_row_by_default(tmp_path):
     client = FakeClient()
-    summary = run_libero_evaluation(FakeBackend(num_init_states=1), client, _config(tmp_path, form="normalised"))
+    summary = run_libero_evaluation(FakeBackend(num_init_states=1), client, libero_config(tmp_path, form="normalised"))
     assert summary["episodes"] == 2 and summary["failed_episodes"] == 0, summary["failures"]
     assert {c["form"] for c in client.calls} == {"normalised"} and {c["t"] for c in client.calls} == {1}
     assert all(p.startswith("A multi-view video") for c in client.calls for p in c["prompts"])
 
 
 def test_default_spawned_workers_run_an_episode(tmp_path):
-    cfg = _config(tmp_path, num_envs=1, start_method="spawn", task_ids=(0,), init_states=(0,), reset_timeout_s=120)
+    cfg = libero_config(
+        tmp_path, num_envs=1, start_method="spawn", task_ids=(0,), init_states=(0,), reset_timeout_s=120
+    )
     summary = run_libero_evaluation(FakeBackend(), FakeClient(), cfg)
     assert summary["successes"] == 1, summary["failures"]
 

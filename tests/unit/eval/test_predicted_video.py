@@ -66,8 +66,7 @@ def test_libero_run_with_predicted_video(tmp_path):
     imagined vs real (a fake client answering grey frames; fake envs)."""
     from eval.libero.runner import run_libero_evaluation
     from eval.report import write_report
-    from tests.support.libero import FakeBackend
-    from tests.unit.eval.test_libero import FakeClient, _config
+    from tests.support.libero import FakeBackend, FakeClient, libero_config
 
     class VideoClient(FakeClient):
         def generate(self, observation, prompts, session_ids, **kw):
@@ -76,7 +75,7 @@ def test_libero_run_with_predicted_video(tmp_path):
             result.video = np.full((len(session_ids), 8, 32, 64, 3), 128, np.uint8)
             return result
 
-    config = _config(tmp_path, predicted_video=True, max_steps=8, action_chunk=4)
+    config = libero_config(tmp_path, predicted_video=True, max_steps=8, action_chunk=4)
     run_libero_evaluation(FakeBackend(num_init_states=1), VideoClient(), config)
     rec = json.loads((tmp_path / "episodes" / "task01_init000.json").read_text())  # never succeeds: all 8 steps
     assert [c["step"] for c in rec["imagined"]["chunks"]] == [0, 4]

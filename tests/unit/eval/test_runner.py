@@ -11,18 +11,12 @@ import numpy as np
 import pytest
 
 from dreamzero.errors import ConfigError
-from dreamzero_client.errors import BadRequestError
 from dreamzero_droid.links import OpenPILink
-from dreamzero_droid.policy import DroidPolicy, LinkReply
+from dreamzero_droid.policy import DroidPolicy
 from eval.cli import parse_args
-from eval.mujoco_droid import MujocoDroidEnv
 from eval.report import write_report
 from eval.runner import EvalConfig, run_evaluation
-from tests.support.evaluation import FakeOpenPIServer, ScriptedLink, scripted_policy
-
-
-def _env(scene):
-    return MujocoDroidEnv(scene, image_size=(90, 160), render_quality="fast")
+from tests.support.evaluation import FakeOpenPIServer, RtcScriptedLink, mujoco_env, scripted_policy
 
 
 def test_short_run_over_openpi_websocket_writes_video_json_summary_report(tmp_path):
@@ -30,7 +24,7 @@ def test_short_run_over_openpi_websocket_writes_video_json_summary_report(tmp_pa
         link = DroidPolicy(OpenPILink(f"ws://127.0.0.1:{server.port}", timeout_s=10))
         try:
             summary = run_evaluation(
-                _env, link, EvalConfig(out_dir=tmp_path, max_steps=20, extra={"simulator": "mujoco"})
+                mujoco_env, link, EvalConfig(out_dir=tmp_path, max_steps=20, extra={"simulator": "mujoco"})
             )
         finally:
             link.close()
@@ -84,7 +78,7 @@ def test_server_stopped_halfway_is_recorded_and_the_run_finishes(tmp_path):
         link = DroidPolicy(OpenPILink(f"ws://127.0.0.1:{server.port}", timeout_s=5, max_reconnects=0))
         try:
             config = EvalConfig(out_dir=tmp_path, episodes_per_scene=2, max_steps=24, record_video=False)
-            summary = run_evaluation(_env, link, config)
+            summary = run_evaluation(mujoco_env, link, config)
         finally:
             link.close()
     assert summary["episodes"] == 2 and summary["failed_episodes"] == 2 and summary["successes"] == 0
@@ -103,7 +97,7 @@ def test_error_reply_or_bad_chunk_fails_only_that_episode(tmp_path, inject, reas
         link = DroidPolicy(OpenPILink(f"ws://127.0.0.1:{server.port}", timeout_s=5))
         try:
             summary = run_evaluation(
-                _env, link, EvalConfig(out_dir=tmp_path, episodes_per_scene=2, max_steps=10, record_video=False)
+                mujoco_env, link, EvalConfig(out_dir=tmp_path, episodes_per_scene=2, max_steps=10, record_video=False)
             )
         finally:
             link.close()
@@ -120,7 +114,7 @@ def test_sessions_horizon_and_scenes_with_a_scripted_link(tmp_path):
     config = EvalConfig(
         out_dir=tmp_path, scenes=(1, 3), episodes_per_scene=2, open_loop_horizon=8, max_steps=12, record_video=False
     )
-    summary = run_evaluation(_env, policy, config)
+    summary = run_evaluation(mujoco_env, policy, config)
     assert summary["episodes"] == 4 and summary["server_calls"] == 4 * 3  # steps 0, 5, 10
     sessions = [sid for _, _, sid in link.calls]
     per_episode = [sessions[i] for i in range(0, 12, 3)]
@@ -132,42 +126,17 @@ def test_sessions_horizon_and_scenes_with_a_scripted_link(tmp_path):
 
 def test_config_validation(tmp_path):
     with pytest.raises(ConfigError, match="open_loop_horizon"):
-        run_evaluation(_env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, open_loop_horizon=0))
+        run_evaluation(mujoco_env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, open_loop_horizon=0))
     with pytest.raises(ConfigError, match="episodes_per_scene"):
-        run_evaluation(_env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, episodes_per_scene=0))
+        run_evaluation(mujoco_env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, episodes_per_scene=0))
 
 
 # Real-time chunking (docs/rtc.md "Clients"): the delay is emulated, the switch jump is recorded ---------------------
-class RtcScriptedLink(ScriptedLink):
-    """Drift chunks from the observed joints; with RTC and a client prefix the chunk continues the prefix (its first
-    d rows are the prefix, then 0.01 rad a row on), as the server's clamp would. `refuse` answers 422 naming it."""
-
-    def __init__(self, refuse: str | None = None, **kwargs):
-        super().__init__(**kwargs)
-        self.refuse, self.queries = refuse, []
-
-    def send(self, query):
-        self.queries.append(query)
-        rtc = query.rtc
-        if rtc is not None and self.refuse:
-            raise BadRequestError(
-                f"unknown field {self.refuse}", 422, "invalid_observation", f"parameters.{self.refuse}"
-            )
-        reply = super().send(query)
-        actions, session = np.array(reply.actions), {"session_id": query.session_id, "step": len(self.calls)}
-        if rtc is not None:
-            d = rtc.prefix_len
-            actions[:d, :7] = rtc.action_prefix[:d, :7]
-            actions[d:, :7] = actions[d - 1, :7] + 0.01 * np.arange(1, self.horizon - d + 1)[:, None]
-            session["rtc"] = "client_prefix"
-        return LinkReply(actions, session)
-
-
 def test_rtc_emulates_the_delay_switches_at_row_d_and_records_the_jump(tmp_path):
     link = RtcScriptedLink()
     policy = DroidPolicy(link, session_prefix="droid-eval")
     config = EvalConfig(out_dir=tmp_path, max_steps=20, record_video=False, rtc=True, rtc_delay_steps=3)
-    summary = run_evaluation(_env, policy, config)
+    summary = run_evaluation(mujoco_env, policy, config)
     record = json.loads((tmp_path / "episodes" / "scene1_ep000.json").read_text())
     steps = record["steps"]
     assert [s["step"] for s in steps if s["queried"]] == [0, 8, 16]  # the cadence of the open-loop horizon
@@ -191,7 +160,7 @@ def test_rtc_emulates_the_delay_switches_at_row_d_and_records_the_jump(tmp_path)
 
 def test_without_rtc_the_switch_jump_is_recorded_too(tmp_path):
     config = EvalConfig(out_dir=tmp_path, max_steps=17, record_video=False)
-    summary = run_evaluation(_env, DroidPolicy(RtcScriptedLink()), config)
+    summary = run_evaluation(mujoco_env, DroidPolicy(RtcScriptedLink()), config)
     record = json.loads((tmp_path / "episodes" / "scene1_ep000.json").read_text())
     assert [(sw["step"], sw["row"]) for sw in record["chunk_switches"]] == [(8, 0), (16, 0)]
     assert all(sw["jump"] > 0 for sw in record["chunk_switches"]) and record["rtc"] is None
@@ -203,7 +172,7 @@ def test_rtc_with_the_measured_delay_and_a_server_that_refuses_it(tmp_path, capl
     policy = DroidPolicy(link, session_prefix="droid-eval")
     config = EvalConfig(out_dir=tmp_path, max_steps=12, record_video=False, rtc=True)  # in-process: d = 1
     with caplog.at_level("WARNING"):
-        summary = run_evaluation(_env, policy, config)
+        summary = run_evaluation(mujoco_env, policy, config)
     record = json.loads((tmp_path / "episodes" / "scene1_ep000.json").read_text())
     assert record["failure"] is None and record["num_steps"] == 12
     assert [(sw["step"], sw["row"], sw["prefix_len"], sw["rtc"]) for sw in record["chunk_switches"]] == [
@@ -216,10 +185,10 @@ def test_rtc_with_the_measured_delay_and_a_server_that_refuses_it(tmp_path, capl
 
 def test_rtc_config_and_cli_flags(tmp_path):
     with pytest.raises(ConfigError, match="rtc_delay_steps"):
-        run_evaluation(_env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, rtc_delay_steps=3))
+        run_evaluation(mujoco_env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, rtc_delay_steps=3))
     with pytest.raises(ConfigError, match="rtc.delay_steps = 13"):  # H = 24: d <= 12
         run_evaluation(
-            _env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, max_steps=9, rtc=True, rtc_delay_steps=13)
+            mujoco_env, scripted_policy()[0], EvalConfig(out_dir=tmp_path, max_steps=9, rtc=True, rtc_delay_steps=13)
         )
     args = parse_args(["--rtc", "--rtc-delay-steps", "4"])
     assert args.rtc and args.rtc_delay_steps == 4 and not parse_args([]).rtc

@@ -12,7 +12,7 @@ import pytest
 from dreamzero.errors import ConfigError
 from dreamzero_droid.policy import DroidPolicy, LinkReply
 from eval.runner import EvalConfig, run_evaluation
-from tests.unit.eval.test_runner import RtcScriptedLink, _env
+from tests.support.evaluation import RtcScriptedLink, mujoco_env
 
 RESTARTED = {"restarted": True, "restart_reason": "evicted", "step": 0, "incarnation": "b"}
 
@@ -41,7 +41,7 @@ def episode(tmp_path) -> dict:
 def test_restarted_reply_is_never_executed_and_the_step_asks_again(tmp_path):
     link = RestartingLink({2})
     config = EvalConfig(out_dir=tmp_path, max_steps=20, record_video=False)
-    summary = run_evaluation(_env, DroidPolicy(link), config)
+    summary = run_evaluation(mujoco_env, DroidPolicy(link), config)
     record = episode(tmp_path)
     assert record["stale_chunks"] == [{"step": 8, "reason": "invalidated"}]
     assert record["server_calls"] == 4 and summary["failed_episodes"] == 0  # steps 0, 8 (twice), 16
@@ -57,7 +57,7 @@ def test_restarted_reply_is_never_executed_and_the_step_asks_again(tmp_path):
 def test_rtc_chunk_starts_d_rows_in_and_a_restarted_one_is_replaced(tmp_path):
     link = RestartingLink({3})
     config = EvalConfig(out_dir=tmp_path, max_steps=24, record_video=False, rtc=True, rtc_delay_steps=3)
-    run_evaluation(_env, DroidPolicy(link, session_prefix="droid-eval"), config)
+    run_evaluation(mujoco_env, DroidPolicy(link, session_prefix="droid-eval"), config)
     record = episode(tmp_path)
     rows = [s["chunk_row"] for s in record["steps"]]
     # chunk 2 (asked at 8) switches in at row d = 3; chunk 3 (asked at 16) is refused at its switch, step 19 asks
@@ -71,7 +71,7 @@ def test_rtc_chunk_starts_d_rows_in_and_a_restarted_one_is_replaced(tmp_path):
 def test_two_stale_chunks_in_a_row_fail_the_episode(tmp_path):
     link = RestartingLink(set(range(2, 10)))
     config = EvalConfig(out_dir=tmp_path, max_steps=20, record_video=False)
-    summary = run_evaluation(_env, DroidPolicy(link), config)
+    summary = run_evaluation(mujoco_env, DroidPolicy(link), config)
     record = episode(tmp_path)
     assert record["failure"]["reason"] == "stale_chunk" and record["failure"]["step"] == 8
     assert summary["failed_episodes"] == 1 and len(record["stale_chunks"]) == 2
@@ -80,10 +80,12 @@ def test_two_stale_chunks_in_a_row_fail_the_episode(tmp_path):
 
 def test_observation_age_bound_is_checked(tmp_path):
     with pytest.raises(ConfigError, match="max_observation_age_s"):
-        run_evaluation(_env, DroidPolicy(RestartingLink(set())), EvalConfig(out_dir=tmp_path, max_observation_age_s=0))
+        run_evaluation(
+            mujoco_env, DroidPolicy(RestartingLink(set())), EvalConfig(out_dir=tmp_path, max_observation_age_s=0)
+        )
     # a bound shorter than the executed part: the chunk expires on the sim clock and the episode fails, never late
     config = EvalConfig(out_dir=tmp_path, max_steps=20, record_video=False, max_observation_age_s=0.3)
-    run_evaluation(_env, DroidPolicy(RestartingLink(set())), config)
+    run_evaluation(mujoco_env, DroidPolicy(RestartingLink(set())), config)
     record = episode(tmp_path)
     assert record["failure"]["reason"] == "stale_chunk" and record["num_steps"] == 5  # ages 0 .. 4/15 s
     assert record["execution"]["observation_age_s"]["max"] <= 0.3
@@ -92,10 +94,9 @@ def test_observation_age_bound_is_checked(tmp_path):
 def test_libero_lockstep_chunks_start_at_row_zero_and_their_ages_are_recorded(tmp_path):
     from eval.libero.env import CONTROL_HZ
     from eval.libero.runner import run_libero_evaluation
-    from tests.support.libero import FakeBackend
-    from tests.unit.eval.test_libero import FakeClient, _config
+    from tests.support.libero import FakeBackend, FakeClient, libero_config
 
-    run_libero_evaluation(FakeBackend(num_init_states=1), FakeClient(), _config(tmp_path, num_envs=2))
+    run_libero_evaluation(FakeBackend(num_init_states=1), FakeClient(), libero_config(tmp_path, num_envs=2))
     record = json.loads((tmp_path / "episodes" / "task01_init000.json").read_text())
     execution = record["execution"]
     assert execution["executed"] == record["num_steps"] == 12 and execution["stalls"] == 0

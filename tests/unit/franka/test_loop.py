@@ -10,41 +10,14 @@ import pytest
 
 from dreamzero.errors import ConfigError
 from dreamzero_droid.droid import CAMERAS
-from dreamzero_droid.policy import DroidPolicy
 from dreamzero_franka.common.limits import DROID_HOME
 from dreamzero_franka.common.loop import LoopConfig
 from dreamzero_franka.common.operator import Command
 from dreamzero_franka.common.sim_backends import SimGripper, SimRobot, SyntheticCamera
-from dreamzero_franka.droid.loop import DroidEpisodeRunner
-from dreamzero_franka.droid.safety import SafetyConfig, SafetyFilter
-from tests.support.franka import ScriptedOperator, ScriptedTransport, chunk_near
+from dreamzero_franka.droid.safety import SafetyConfig
+from tests.support.franka import ScriptedOperator, ScriptedTransport, chunk_near, make_runner
 
-HZ = 50.0  # faster than 15 Hz so the tests take well under a second per episode
 EPS = 1e-9
-
-
-def make_runner(transport, operator=None, safety=None, robot=None, cameras=None, **loop):
-    loop = {"control_hz": HZ, "max_steps": 40, "watchdog_timeout_s": 0.3, "record_video": False, **loop}
-    robot = robot or SimRobot()
-    gripper = SimGripper()
-    cameras = cameras or {
-        "exterior_image_0_left": SyntheticCamera("ext0", 180, 320),
-        "exterior_image_1_left": SyntheticCamera("ext1", 480, 640),  # resized + padded by the policy
-        "wrist_image_left": SyntheticCamera("wrist", 180, 320),
-    }
-    for device in (robot, gripper, *cameras.values()):
-        device.connect()
-    policy = DroidPolicy(transport, prompt="put the cube in the bowl", session_prefix="franka")
-    runner = DroidEpisodeRunner(
-        robot,
-        gripper,
-        cameras,
-        policy,
-        safety or SafetyFilter(SafetyConfig(control_hz=15.0)),
-        LoopConfig(**loop),
-        operator or ScriptedOperator(),
-    )
-    return runner, robot, gripper
 
 
 def assert_commands_within_limits(robot: SimRobot, cfg: SafetyConfig) -> int:

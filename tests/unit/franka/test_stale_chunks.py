@@ -9,8 +9,7 @@ import time
 
 from dreamzero_droid.links import OpenPILink
 from dreamzero_droid.policy import LinkReply
-from tests.support.franka import chunk_near
-from tests.unit.franka.test_loop import HZ, make_runner
+from tests.support.franka import HZ, chunk_near, make_runner
 
 
 class FaultyLink:

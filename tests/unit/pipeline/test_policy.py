@@ -10,42 +10,9 @@ import pytest
 from dreamzero.embodiments import get_embodiment
 from dreamzero.errors import ConfigError, InvalidObservation, InvalidRequest
 from dreamzero.policy import EmbeddedPolicy, ReplayPolicy
-from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 from tests.support.embodiments import JOINTS, droid_metadata, droid_observation
 from tests.support.lerobot import DROID_MODALITY, random_episodes, write_v2, write_v3
-
-
-class ScriptedPipeline:
-    """Stands in for DreamZeroPipeline: returns a fixed normalised chunk and records what it was given."""
-
-    action_horizon = 24
-    max_action_dim = 32
-
-    def __init__(self, chunk: np.ndarray):
-        self.chunk = chunk  # [24, 32]
-        self.batches: list[ModelBatch] = []
-        self.resets: list[list[str]] = []
-        self.steps: dict[str, int] = {}
-
-    def generate(self, batch: ModelBatch) -> ChunkResult:
-        self.batches.append(batch)
-        reports = []
-        for sid in batch.session_ids:
-            new = sid not in self.steps
-            self.steps[sid] = self.steps.get(sid, 0) + 1
-            reports.append(SessionReport(sid, self.steps[sid], new, "new_session" if new else None, 1))
-        actions = np.broadcast_to(self.chunk, (len(batch), 24, 32)).astype(np.float32)
-        return ChunkResult(actions=actions, sessions=reports, timings_ms={"denoise": 1.0})
-
-    def reset_sessions(self, ids):
-        self.resets.append(list(ids))
-
-
-def scripted_chunk() -> np.ndarray:
-    chunk = np.zeros((24, 32), np.float32)
-    chunk[:, :7] = np.linspace(-0.5, 0.5, 24)[:, None]  # joint deltas (identity stats in droid_metadata)
-    chunk[:, 7] = np.where(np.arange(24) < 12, -1.0, 1.0)  # gripper 0 then 1
-    return chunk
+from tests.support.pipeline import ScriptedPipeline, scripted_chunk
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ from dreamzero.embodiments import get_embodiment
 from dreamzero.errors import InvalidObservation, InvalidRequest
 from dreamzero.policy import EmbeddedPolicy
 from tests.support.embodiments import droid_metadata, droid_observation
-from tests.unit.pipeline.test_pipeline import make_batch, make_model, make_pipe
-from tests.unit.pipeline.test_policy import ScriptedPipeline, scripted_chunk
+from tests.support.pipeline import ScriptedPipeline, make_batch, make_model, make_pipe, scripted_chunk
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -35,6 +35,8 @@ def test_the_cluster_folder_is_one_group_and_any_other_test_is_grouped_by_its_mo
     sibling = "tests/cluster" + "ish/test_x.py"  # a made-up folder beside tests/cluster (joined: no file to name)
     assert group_of(f"{sibling}::t") == sibling  # tests/cluster is a folder, not a name prefix
     # the tests sharing the e2e tier's `serve run` of the shipped config run on one worker, whatever their module
+    rehearsal = "tests/e2e/test_gpu_" + "rehearsal.py"  # its runs are a group each (joined: a path, not a reference)
+    assert group_of(f"{rehearsal}::test_a") != group_of(f"{rehearsal}::test_b") == f"{rehearsal}::test_b"
     a, b = ("tests/e2e/" + name + ".py::t" for name in ("test_a", "test_b"))  # made-up modules (joined: no file)
     shared = [group_of(m, ("tmp_path", "shipped_server")) for m in (a, b)]
     assert shared[0] == shared[1] != group_of(a, ("tmp_path",))
