@@ -16,15 +16,14 @@ from starlette.testclient import TestClient
 
 from deployments.doors.zmq import ZmqDoor
 from deployments.ingress import IngressDeployment
-from deployments.policy import PolicyOutput
 from deployments.postprocess import PostprocessDeployment
 from deployments.preprocess import PreprocessDeployment
 from deployments.tenants import key_digest
-from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 from dreamzero_client.wire import codec, openpi, rldx
 from serve_graph.builder import ingress_settings, zmq_door_settings
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
+from tests.support.ingress import RecordingPolicy
 from tests.support.observations import openpi_droid_observation
 from tests.support.request_builders import LocalHandle, decode, raw_body
 from tests.support.rldx import droid_rldx_observation
@@ -37,31 +36,6 @@ ARGS = {
     "zmq": {"port": 5555, "host": "127.0.0.1"},  # the door object only: nothing binds
 }
 ECHO_KEYS = {"observed_at", "observed_at_source", "server_ms", "traffic_class"}
-
-
-class RecordingPolicy:
-    """Zero actions for every row; records each batch it is given."""
-
-    def __init__(self):
-        self.batches: list[ModelBatch] = []
-
-    def generate(self, batch: ModelBatch) -> PolicyOutput:
-        self.batches.append(batch)
-        reports = [SessionReport(sid, 1, True, "new_session", 1, "inc") for sid in batch.session_ids]
-        return PolicyOutput(ChunkResult(np.zeros((len(batch), 24, 32), np.float32), reports), "recording-replica")
-
-    def info(self) -> dict:
-        return {"config_name": "tiny", "action_horizon": 24, "max_action_dim": 32, "max_state_dim": 64,
-                "default_seed": 1140, "num_inference_steps": 2}  # fmt: skip
-
-    def ready(self) -> bool:
-        return True
-
-    def drop_sessions(self, ids) -> int:
-        return len(ids)
-
-    def reset_sessions(self, ids) -> int:
-        return len(ids)
 
 
 @pytest.fixture(scope="module")

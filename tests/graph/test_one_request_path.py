@@ -16,14 +16,13 @@ from starlette.testclient import TestClient
 
 from deployments.doors.zmq import ZmqDoor
 from deployments.ingress import IngressDeployment
-from deployments.policy import PolicyOutput
 from deployments.postprocess import PostprocessDeployment
 from deployments.preprocess import PreprocessDeployment
-from dreamzero.types import ChunkResult, ModelBatch, SessionReport
 from dreamzero_client.wire import codec, openpi, rldx
 from serve_graph.builder import ingress_settings, zmq_door_settings
 from serve_graph.config import parse_app_args
 from serve_graph.model_source import resolve_model
+from tests.support.ingress import RecordingPolicy
 from tests.support.observations import openpi_droid_observation
 from tests.support.request_builders import LocalHandle, normalised_body, raw_body
 from tests.support.rldx import droid_rldx_observation
@@ -32,31 +31,6 @@ ROOT = Path(__file__).resolve().parents[2]
 GEN = "/v1/actions/generations"
 #: what only the runner calls: the stages, the policy's routed call and the transport choice
 GRAPH_STEPS = {"policy_generate", "sticky_call", "RawStages", "preprocess_request", "normalised_batch", "Transport"}
-
-
-class RecordingPolicy:
-    """Zero actions for every row; records each batch it is given."""
-
-    def __init__(self):
-        self.batches: list[ModelBatch] = []
-
-    def generate(self, batch: ModelBatch) -> PolicyOutput:
-        self.batches.append(batch)
-        reports = [SessionReport(sid, 1, True, "new_session", 1, "inc") for sid in batch.session_ids]
-        return PolicyOutput(ChunkResult(np.zeros((len(batch), 24, 32), np.float32), reports), "recording-replica")
-
-    def info(self) -> dict:
-        return {"config_name": "tiny", "action_horizon": 24, "max_action_dim": 32, "max_state_dim": 64,
-                "default_seed": 1140, "num_inference_steps": 2}  # fmt: skip
-
-    def ready(self) -> bool:
-        return True
-
-    def drop_sessions(self, ids) -> int:
-        return len(ids)
-
-    def reset_sessions(self, ids) -> int:
-        return len(ids)
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """The ingress's FastAPI app in-process (Starlette's TestClient, no Ray) with the real Preprocess and Postprocess
-classes and a stand-in policy that records its batches: `FakePolicy`, and `local_door`, which the graph tier's `door`
-fixture opens (tests/graph/conftest.py)."""
+classes and stand-in policies that record their batches (`FakePolicy`, `RecordingPolicy`), and `local_door`, which
+the graph tier's `door` fixture opens (tests/graph/conftest.py)."""
 
 from __future__ import annotations
 
@@ -82,3 +82,28 @@ def local_door(monkeypatch) -> Iterator[SimpleNamespace]:
     monkeypatch.setattr(ingress.http, "count", counted_call)
     with TestClient(ingress.__serve_build_asgi_app__(), raise_server_exceptions=False) as client:
         yield SimpleNamespace(client=client, policy=policy, ingress=ingress, counted=counted)
+
+
+class RecordingPolicy:
+    """A stand-in Policy deployment behind `LocalHandle`s: zero actions for every row; records each batch."""
+
+    def __init__(self):
+        self.batches: list[ModelBatch] = []
+
+    def generate(self, batch: ModelBatch) -> PolicyOutput:
+        self.batches.append(batch)
+        reports = [SessionReport(sid, 1, True, "new_session", 1, "inc") for sid in batch.session_ids]
+        return PolicyOutput(ChunkResult(np.zeros((len(batch), 24, 32), np.float32), reports), "recording-replica")
+
+    def info(self) -> dict:
+        return {"config_name": "tiny", "action_horizon": 24, "max_action_dim": 32, "max_state_dim": 64,
+                "default_seed": 1140, "num_inference_steps": 2}  # fmt: skip
+
+    def ready(self) -> bool:
+        return True
+
+    def drop_sessions(self, ids) -> int:
+        return len(ids)
+
+    def reset_sessions(self, ids) -> int:
+        return len(ids)
