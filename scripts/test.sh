@@ -11,7 +11,7 @@ export DREAMZERO_CACHE_DIR=${DREAMZERO_CACHE_DIR:-$PWD/.cache/dreamzero}
 .venv/bin/ruff format --check .
 # Two pytest-xdist workers by default (DREAMZERO_TEST_WORKERS=0: serial): much of the suite waits on Ray, servers and
 # subprocesses, which the other worker's tests fill. Each test has a group meant to run whole on one worker, longest
-# first (tests/support/parallel.py; not yet honoured with pytest 9: docs/testing.md, "CI time")
+# first (tests/support/parallel.py; docs/testing.md, "CI time")
 workers=${DREAMZERO_TEST_WORKERS:-2}
 parallel=()
 [ "$workers" = "0" ] || parallel=(-n "$workers" --dist loadgroup --no-loadscope-reorder)

@@ -2,9 +2,9 @@
 `pytest -n 2 --dist loadgroup` (pytest-xdist; scripts/test.sh's default, `DREAMZERO_TEST_WORKERS=0` for a serial
 run: docs/testing.md) shares the suite between its workers.
 
-Every test gets an `xdist_group`, and a group is meant to run whole on one worker (with pytest 9.2 and pytest-xdist 3.8
-it does not yet: xdist tags a grouped test by rewriting its `_nodeid`, which pytest 9 no longer reads, so tests are
-sent one by one; the suite passes either way, docs/testing.md "CI time"):
+Every test gets an `xdist_group`, and a group runs whole on one worker (pytest-xdist 3.8 tags a grouped test by
+rewriting its `_nodeid`, which pytest 9 no longer reads: the dev extra pins pytest below 9 for that, and
+tests/house/test_parallel_groups.py fails if the groups stop holding):
   - all of tests/cluster is one group, so one worker starts the session's Ray cluster (tests/cluster/conftest.py)
     and every cluster test reuses it, as in a serial run (two clusters would also cost two ~30 s deploys per app);
   - the e2e tests that take one of the tier's shared `serve run`s (`shipped_server`, `tiny_server`:
