@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the
 from fleet_sim import (
     PROMPT,
     BatchedServer,
+    ModelSpec,
     Pace,
     RobotStats,
     ServerLink,
@@ -107,13 +108,14 @@ def line(row: dict) -> str:
 def fleet_of(way: str, n: int, args, pace: Pace, shared) -> dict:
     """One fleet of `n` robots the `way` way; `shared`: the batched server, or the door's URL."""
     links, servers, rows_per_call = [], [], []
-    if way == "reference":
-        servers = start_reference(n, args.model, args.reference_threads, args.cores)
+    if way == "reference" and args.reference == "processes":
+        servers = start_reference(n, model_spec(args), args.reference_threads, args.cores)
         links = [ServerLink(s) for s in servers]
-    elif isinstance(shared, BatchedServer):
-        links = [ServerLink(shared) for _ in range(n)]
-        shared.rows_per_call.clear()
-        rows_per_call = shared.rows_per_call
+    elif isinstance(shared, dict):  # in-process: the batched server, and the one-at-a-time reference
+        server = shared[way]
+        links = [ServerLink(server) for _ in range(n)]
+        server.rows_per_call.clear()
+        rows_per_call = server.rows_per_call
     else:
         links = [door_link(shared) for _ in range(n)]
     policies = [DroidPolicy(link, prompt=PROMPT, session_prefix=f"fleet-{way}-{n}-{i}") for i, link in enumerate(links)]
@@ -132,9 +134,17 @@ def fleet_of(way: str, n: int, args, pace: Pace, shared) -> dict:
             s.close()
 
 
-def batched_server(policy, args, classes: bool) -> BatchedServer:
-    return BatchedServer(policy, args.max_rows, args.max_requests, args.wait_s, classes=classes,
+def batched_server(policy, args, classes: bool, max_rows: int | None = None) -> BatchedServer:
+    return BatchedServer(policy, max_rows or args.max_rows, args.max_requests, args.wait_s, classes=classes,
                          rows_per_thread=args.rows_per_thread)  # fmt: skip
+
+
+def model_spec(args) -> ModelSpec:
+    return ModelSpec(model=args.model, preset=args.preset, device=args.device, dtype=args.dtype, steps=args.steps)
+
+
+def model_name(args) -> str:
+    return args.model or (f"{args.preset} (random weights)" if args.preset else "tiny (random weights)")
 
 
 def door_link(url: str):
@@ -268,13 +278,33 @@ def farm_table(rows: list[dict]) -> str:
 def setting_line(args, pace: Pace, device: str) -> str:
     where = f"a running server at {args.url}" if args.url else "in-process"
     return (
-        f"{args.model or 'tiny (random weights)'} on {device}, {where}; robots at {pace.control_hz:g} Hz, open-loop "
+        f"{model_name(args)} on {device}, {where}; robots at {pace.control_hz:g} Hz, open-loop "
         f"horizon {pace.open_loop_horizon}, schedule `{pace.schedule}`, {args.seconds:g} s per fleet; batcher "
         f"{args.max_rows} rows per call, {args.max_requests} requests, wait {args.wait_s} s, "
-        f"torch threads: one per {args.rows_per_thread} rows of a call, at most {torch_threads()}; reference servers: "
-        f"{args.reference_threads or 'cores // N'} torch thread(s) each; run "
+        f"torch threads: one per {args.rows_per_thread} rows of a call, at most {torch_threads()}; "
+        f"{reference_words(args)}; run "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (load average {os.getloadavg()[0]:.1f})."
     )
+
+
+def reference_words(args) -> str:
+    if getattr(args, "reference", None) == "one-at-a-time":
+        return "reference: one session per model call, first come first served, on the same model"
+    return f"reference servers: {args.reference_threads or 'cores // N'} torch thread(s) each"
+
+
+def device_name(dev) -> str:
+    import torch
+
+    return torch.cuda.get_device_name(dev) if dev.type == "cuda" else str(dev)
+
+
+def append_result(args, line: dict) -> None:
+    """One JSON line into `--results` (the GPU check's file: each fleet is kept as soon as it is measured)."""
+    if args.results:
+        line = {"stage": os.environ.get("GPU_CHECK_STAGE", "fleet"), **line}
+        with open(args.results, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line, default=str) + "\n")
 
 
 def write_docs(path: Path, title: str, body: str) -> None:
@@ -302,6 +332,12 @@ def reproduce(argv) -> list[str]:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="a checkpoint or embedded:<name> (default: the random tiny model)")
+    ap.add_argument(
+        "--preset", help="a preset with random weights instead of --model (the GPU check: droid_14b, libero_5b)"
+    )
+    ap.add_argument("--device", help="cuda, cpu, ... (default: the checkpoint's, else cuda where present)")
+    ap.add_argument("--dtype", help="bfloat16, float32, ... (default: the checkpoint's or the device's)")
+    ap.add_argument("--steps", type=int, help="pipeline.num_inference_steps (default: the model's plan)")
     ap.add_argument("--url", help="a running server's door: http://, ws:// (OpenPI) or tcp://host:port (ZeroMQ)")
     ap.add_argument("--robots", default="1,2,4,8,16", help="comma-separated fleet sizes, tried in order")
     ap.add_argument("--seconds", type=float, default=12.0, help="how long each fleet runs")
@@ -320,7 +356,14 @@ def parse_args(argv=None):
         default=1,
         help="torch threads per reference server (0: cores // N; default 1, see docs/benchmarks.md)",
     )
+    ap.add_argument(
+        "--reference",
+        choices=("processes", "one-at-a-time"),
+        help="the reference way: one server process per robot (default on CPU) or, where N copies of the model do "
+        "not fit (default on a GPU), one session per model call, first come first served, on the same model",
+    )
     ap.add_argument("--no-reference", action="store_true", help="the batched way only")
+    ap.add_argument("--results", help="append each fleet's row (JSON lines, the GPU check's results file)")
     ap.add_argument("--farm", action="store_true", help="one live robot beside a farm, classes on and off")
     ap.add_argument("--farm-rows", type=int, default=16, help="environments per farm request")
     ap.add_argument("--json", help="write the rows to this JSON file")
@@ -329,6 +372,10 @@ def parse_args(argv=None):
     sizes = [int(w) for w in args.robots.split(",") if w.strip()]
     if not sizes or min(sizes) < 1:
         ap.error(f"--robots {args.robots!r}: give positive fleet sizes")
+    if args.model and args.preset:
+        ap.error("give --model (a checkpoint) or --preset (random weights), not both")
+    if args.url and (args.preset or args.device or args.dtype):
+        ap.error("--url measures a running server: --preset, --device and --dtype belong to the in-process run")
     if args.url and args.farm:
         ap.error("--farm runs in-process (it compares the batcher with and without classes): leave out --url")
     try:
@@ -345,27 +392,39 @@ def main(argv=None) -> int:
         device = "a running server"
         shared, ways = args.url, ("batched",)
     else:
-        policy = load_policy(args.model)
+        policy = load_policy(model_spec(args))
         warm_up(policy)
         dev = policy.pipeline.device
-        device = f"cpu ({os.cpu_count()} cores)" if dev.type == "cpu" else str(dev)
-        shared = None if args.farm else batched_server(policy, args, classes=True)
+        device = f"cpu ({os.cpu_count()} cores)" if dev.type == "cpu" else device_name(dev)
+        args.reference = args.reference or ("processes" if dev.type == "cpu" else "one-at-a-time")
         ways = ("batched",) if args.no_reference else WAYS
+        shared = None
+        if not args.farm:
+            shared = {"batched": batched_server(policy, args, classes=True)}
+            if "reference" in ways and args.reference == "one-at-a-time":
+                shared["reference"] = batched_server(policy, args, classes=False, max_rows=1)
     record: dict = {"setting": setting_line(args, pace, device)}
     try:
         if args.farm:
             record["farm"] = farm_scenario(policy, args, pace)
         else:
-            rows, best = sweep(sizes, ways, args, pace, shared, on_row=lambda r: print(line(r), flush=True))
+
+            def on_row(row: dict) -> None:
+                print(line(row), flush=True)
+                append_result(args, {"figure": "fleet", "model": model_name(args), "device": device, **row})
+
+            rows, best = sweep(sizes, ways, args, pace, shared, on_row=on_row)
             record.update(rows=rows, largest_at_pace=best)
             print("largest N at pace: " + ", ".join(f"{w} {n}" for w, n in best.items()), flush=True)
+            append_result(args, {"figure": "fleet_at_pace", "model": model_name(args), "device": device,
+                                 "reference": args.reference, "setting": record["setting"], **best})  # fmt: skip
     finally:
-        if isinstance(shared, BatchedServer):
-            shared.close()
+        for server in (shared or {}).values():
+            server.close()
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1))
     if args.write_docs:
-        name = args.model or "tiny"
+        name = args.model or args.preset or "tiny"
         kind = "CPU" if device.startswith("cpu") else "GPU" if policy is not None else "served"
         again = f"Reproduce: `python benchmarks/fleet.py {' '.join(reproduce(argv))}`."
         if args.farm:

@@ -260,16 +260,90 @@ class ServerLink:
         pass
 
 
-def load_policy(model: str | None, threads: int | None = None):
-    """The embedded policy (`dreamzero.policy.EmbeddedPolicy`) of `model` (None: the random tiny model)."""
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the fleet serves: `model` (a checkpoint or embedded:<name>; None: the random tiny model) or `preset` (a
+    preset with random weights, `benchmarks/model_latency.py`'s: the GPU check's 14B and 5B), on `device` / `dtype`
+    (None: the checkpoint's or the machine's), with `steps` scheduler steps (None: the model's plan)."""
+
+    model: str | None = None
+    preset: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    steps: int | None = None
+
+
+def load_policy(spec: ModelSpec | str | None = None, threads: int | None = None):
+    """The embedded policy (`dreamzero.policy.EmbeddedPolicy`) of `spec` (a string or None: `ModelSpec(model=)`)."""
     import torch
 
     from dreamzero.embedded_default import resolve_model_path
     from dreamzero.policy import EmbeddedPolicy
 
+    spec = spec if isinstance(spec, ModelSpec) else ModelSpec(model=spec)
     if threads:
         torch.set_num_threads(threads)
-    return EmbeddedPolicy.load(model_path=resolve_model_path(model), max_sessions=4096)
+    overrides = {"num_inference_steps": spec.steps, "dit_step_mask": None} if spec.steps else {}
+    if spec.preset is None:
+        return EmbeddedPolicy.load(model_path=resolve_model_path(spec.model), max_sessions=4096, device=spec.device,
+                                   **overrides)  # fmt: skip
+    from types import SimpleNamespace
+
+    from model_latency import build_model
+
+    from dreamzero.embodiments import get_embodiment
+    from dreamzero.pipeline import DreamZeroPipeline
+    from dreamzero.sessions import SessionStore
+
+    model = build_model(SimpleNamespace(model_path=None, preset=spec.preset, device=spec.device, dtype=spec.dtype))
+    pipe = DreamZeroPipeline(model, model.config.pipeline.with_overrides(overrides or None), SessionStore(4096))
+    return EmbeddedPolicy(pipe, get_embodiment(model.config.embodiment_tag))
+
+
+def embodiment_observation(policy, raw: dict) -> dict:
+    """A DROID robot's raw observation in the served embodiment's form: the same frames under its cameras (in order)
+    and its state's width (zero-padded or cut), so a fleet of DROID robots can load any model (the GPU check's 5B is
+    LIBERO's). The model's cost does not depend on what the frames show."""
+    emb = policy.embodiment
+    if emb.tag == "oxe_droid":
+        return raw
+    cams = [v for k, v in raw.items() if k.startswith("video.")]
+    obs = {key: cams[i % len(cams)] for i, key in enumerate(emb.video_keys)}
+    droid_state = np.concatenate([v for k, v in raw.items() if k.startswith("state.")], axis=-1)
+    for key, width in emb.state_widths.items():
+        state = np.zeros((droid_state.shape[0], width), np.float32)
+        take = min(width, droid_state.shape[1])
+        state[:, :take] = droid_state[:, :take]
+        obs[key] = state
+    return obs
+
+
+def embodiment_options(policy, options: dict) -> dict:
+    """The robot's real-time chunking prefix (DROID's 8 columns) cut or padded to the served embodiment's actions."""
+    prefixes = options.get("action_prefix")
+    width = policy.embodiment.action_dim
+    if not prefixes or policy.embodiment.tag == "oxe_droid":
+        return options
+    fitted = []
+    for p in prefixes:
+        if p is None:
+            fitted.append(None)
+            continue
+        q = np.zeros((*np.shape(p)[:-1], width), np.float32)
+        take = min(width, np.shape(p)[-1])
+        q[..., :take] = np.asarray(p)[..., :take]
+        fitted.append(q)
+    return {**options, "action_prefix": fitted}
+
+
+def droid_actions(actions: np.ndarray) -> np.ndarray:
+    """An embodiment's actions [B, H, D] as DROID's [B, H, 8] (zero-padded or cut), what the robot runtime executes."""
+    if actions.shape[-1] == droid.ACTION_DIM:
+        return actions
+    out = np.zeros((*actions.shape[:-1], droid.ACTION_DIM), actions.dtype)
+    take = min(actions.shape[-1], droid.ACTION_DIM)
+    out[..., :take] = actions[..., :take]
+    return out
 
 
 def warm_up(policy) -> None:
@@ -277,7 +351,8 @@ def warm_up(policy) -> None:
     rng = np.random.default_rng(0)
     frame = droid.make_frame(observation(0, rng))
     for frames, step in (([frame], None), ([frame] * 4, 1)):
-        policy.infer(droid.raw_observation(frames), ["warm-up"], [PROMPT], expected_steps=[step])
+        policy.infer(embodiment_observation(policy, droid.raw_observation(frames)), ["warm-up"], [PROMPT],
+                     expected_steps=[step])  # fmt: skip
     policy.reset(["warm-up"])
 
 
@@ -339,7 +414,8 @@ class BatchedServer:
               traffic_class: str | None = None, deadline_ms: float | None = None, observed_at=None, **rtc):  # fmt: skip
         received = time.time()
         emb = self.policy.embodiment
-        batch, context = emb.preprocess(observation, prompts)
+        batch, context = emb.preprocess(embodiment_observation(self.policy, observation), prompts)
+        rtc = embodiment_options(self.policy, rtc)
         n = len(batch)
         model_batch = batch.to_model_batch(list(session_ids), reset_mask=[False] * n, expected_steps=expected_steps,
                                            **rtc)  # fmt: skip
@@ -358,7 +434,7 @@ class BatchedServer:
 
         future = asyncio.run_coroutine_threadsafe(submit_all(), self.loop)
         result = join_results(future.result(timeout=CALL_TIMEOUT_S))
-        return emb.postprocess(result.actions, context), list(result.sessions)
+        return droid_actions(emb.postprocess(result.actions, context)), list(result.sessions)
 
     def reset(self, session_ids: list[str]) -> None:
         self.policy.pipeline.drop_sessions(list(session_ids))
@@ -375,7 +451,7 @@ class BatchedServer:
         self.loop.close()
 
 
-def _worker(conn, model: str | None, threads: int) -> None:
+def _worker(conn, model: ModelSpec | str | None, threads: int) -> None:
     """A reference server: its own pipeline, one call at a time, over a pipe."""
     try:
         policy = load_policy(model, threads)
@@ -397,8 +473,10 @@ def _worker(conn, model: str | None, threads: int) -> None:
                 policy.reset(*args)
                 conn.send(("ok", None))
             else:
-                out = policy.infer(*args, **kwargs)
-                conn.send(("ok", (out.actions, [_session_dict(s) for s in out.sessions])))
+                observation, *rest = args
+                out = policy.infer(embodiment_observation(policy, observation), *rest,
+                                   **embodiment_options(policy, kwargs))  # fmt: skip
+                conn.send(("ok", (droid_actions(out.actions), [_session_dict(s) for s in out.sessions])))
         except Exception as exc:  # noqa: BLE001 - the caller's error
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
 
@@ -406,7 +484,7 @@ def _worker(conn, model: str | None, threads: int) -> None:
 class ProcessServer:
     """One worker process with its own pipeline: one session per server process, no cross-session batching."""
 
-    def __init__(self, model: str | None, threads: int, start_timeout_s: float = 600.0):
+    def __init__(self, model: ModelSpec | str | None, threads: int, start_timeout_s: float = 600.0):
         ctx = mp.get_context("spawn")  # torch's threads and fork do not mix
         self._conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_worker, args=(child, model, threads), daemon=True)
@@ -453,7 +531,9 @@ class ProcessServer:
             self.process.join(timeout=10)
 
 
-def start_reference(n: int, model: str | None, threads: int | None = None, cores: int | None = None) -> list:
+def start_reference(
+    n: int, model: ModelSpec | str | None, threads: int | None = None, cores: int | None = None
+) -> list:
     """`n` reference servers sharing this machine's cores: `threads` torch threads each (None: `cores // n`, at
     least 1)."""
     threads = threads or max(1, (cores or os.cpu_count() or 1) // n)

@@ -7,7 +7,8 @@ Stages, the most valuable figures first (`STAGES`; `--only` picks some):
   eager       DROID 14B latency per chunk, eager (benchmarks/model_latency.py --compile none)
   compiled    the same with `pipeline.compile: dit`, in its own process: a compile failure or overrun loses no eager row
   tier        the GPU test tier (pytest -m gpu tests/gpu), batch sizes and admission chosen from the device's memory
-  robots      robots per GPU, DROID 14B at DROID's pace (benchmarks/robots_per_gpu.py)
+  robots      robots at DROID's pace on one GPU, DROID 14B in-process, batched and one session per call
+              (benchmarks/fleet.py)
   robots_5b   the same for the 5B LIBERO model
   latency_5b  5B LIBERO latency at batch 1 and at the largest batch the planner allows
   fp8         the 14B eager row with fp8 DiT weights (dreamzero.model.fp8; what the planner picks on a 32 GB card)
@@ -51,7 +52,7 @@ REHEARSAL_ONLY = ("offline",)
 #: each stage's own bound, seconds: on a GPU (sized for a ~10-minute window) / rehearsing on a 2-core CPU
 STAGE_S = {
     "env": (30, 60), "smoke": (90, 300), "eager": (180, 300), "compiled": (240, 600), "tier": (300, 1500),
-    "robots": (120, 180), "robots_5b": (90, 180), "latency_5b": (120, 300), "fp8": (120, 300),
+    "robots": (180, 180), "robots_5b": (150, 180), "latency_5b": (120, 300), "fp8": (120, 300),
     "cfg2": (300, 60), "offline": (60, 600),
 }  # fmt: skip
 #: the simulated cards of the rehearsal: an 80 GB H100 and a 141 GB H200
@@ -119,7 +120,8 @@ def run_stage(cmd: list[str], timeout_s: float, env: dict, log: Path) -> tuple[s
 def stage_commands(stage: str, rehearse: bool, py: str, results: Path, card: str | None, args) -> list[list[str]]:
     """The command(s) of one stage (two for the rehearsal's model stages: none on a GPU needs more than one)."""
     lat = [py, args.bench_script, "--device", "cuda", "--dtype", "bfloat16", "--results", str(results)]
-    robots = [py, "benchmarks/robots_per_gpu.py", "--device", "cuda", "--dtype", "bfloat16", "--results", str(results)]
+    # the fleet against the reference way that fits one GPU: one session per model call, on the same model
+    fleet = [py, "benchmarks/fleet.py", "--results", str(results), "--reference", "one-at-a-time"]
     if stage in ("env", "smoke"):
         return [[py, "scripts/gpu_stages.py", stage, "--results", str(results)]]
     if stage in ("eager", "compiled"):
@@ -141,11 +143,13 @@ def stage_commands(stage: str, rehearse: bool, py: str, results: Path, card: str
             size = ["--preset", "libero_5b"]
         return [[*lat, *size, "--batch", "1,auto", "--compile", "none", "--modes", "8-step mask (upstream)"]]
     if stage in ("robots", "robots_5b"):
-        if rehearse:
+        if rehearse:  # this CPU's bf16 kernels are slow (the tier shows bf16): fp32, two scheduler steps
             name = "small" if stage == "robots" else "tiny"
-            fp32 = [*robots[:5], "float32", *robots[6:]]  # this CPU's bf16 kernels are slow (the tier shows bf16)
-            return [[*fp32, "--preset", name, "--robots", "1,2", "--chunks", "3", "--steps", "2"]]
-        return [[*robots, "--preset", "droid_14b" if stage == "robots" else "libero_5b"]]
+            cpu = ["--device", "cpu", "--dtype", "float32", "--steps", "2"]
+            return [[*fleet, "--preset", name, *cpu, "--robots", "1,2", "--seconds", "3"]]
+        name = "droid_14b" if stage == "robots" else "libero_5b"
+        gpu = ["--device", "cuda", "--dtype", "bfloat16"]
+        return [[*fleet, "--preset", name, *gpu, "--robots", "1,4,8,16,32", "--seconds", "6"]]
     if stage == "tier":  # the slowest tests named in the stage's log: where a window's minutes went
         pytest = [py, "-m", "pytest", "-q", "-rs", "-s", "--durations=15", "-p", "no:cacheprovider"]
         cmd = [*pytest, "-m", "gpu", "tests/gpu"]

@@ -5,7 +5,7 @@ figure before it in the docs, and the section says which stages did not finish (
 Lines of the results file: `{"stage", "event": "end", "status", "took_s", "why"}` from the check itself, and the
 stages' figures as they were measured: `environment` and `compile_smoke` (scripts/gpu_stages.py), latency rows
 (benchmarks/model_latency.py: a `row` key), the tier's figures (tests/gpu/figures.py: `figure`, `value`, `unit`),
-`robots_fleet` / `robots_per_gpu` (benchmarks/robots_per_gpu.py), `cfg_parallel` (benchmarks/cfg_parallel.py).
+`fleet` / `fleet_at_pace` (benchmarks/fleet.py), `cfg_parallel` (benchmarks/cfg_parallel.py).
 """
 
 from __future__ import annotations
@@ -116,22 +116,27 @@ def tier_table(results: list[dict]) -> list[str]:
 
 
 def robots_table(results: list[dict]) -> list[str]:
-    fleets = [r for r in results if r.get("figure") == "robots_fleet"]
+    fleets = [r for r in results if r.get("figure") == "fleet"]
     if not fleets:
         return ["(no fleet was measured)"]
     lines = [
-        "| preset | robots | chunk p50 ms | chunk p99 ms | session start p50 ms | late chunks | every chunk in time | "
+        "| model | way | robots | every robot at pace | stalls (of ticks) | chunk p50 ms | chunk p99 ms | budget ms | "
         "rows per call |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in fleets:
+        per_call = "" if r.get("rows_per_call") is None else f"{r['rows_per_call']:.1f}"
         lines.append(
-            f"| {r['preset']} | {r['robots']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['start_p50_ms']:.0f} | "
-            f"{r['late']} of {r['chunks']} | {'yes' if r['in_time'] else 'no'} | {r['mean_rows_per_call']:.1f} |"
+            f"| {r['model']} | {r['way']} | {r['robots']} | {'yes' if r['at_pace'] else 'no'} | {r['stalls']} "
+            f"({r['ticks']}) | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['budget_ms']:.0f} | {per_call} |"
         )
     for r in results:
-        if r.get("figure") == "robots_per_gpu":
-            lines.append(f"\n{r['preset']}: **{r['value']}** robot(s) kept DROID's pace. {r.get('note', '')}")
+        if r.get("figure") == "fleet_at_pace":
+            ratio = f" ({r['batched'] / r['reference']:.1f}x)" if r.get("reference") and r.get("batched") else ""
+            lines.append(
+                f"\n{r['model']}: largest N at pace **batched {r.get('batched', 0)}**, one session per call "
+                f"{r.get('reference', 0)}{ratio}. {r.get('setting', '')}"
+            )
     return lines
 
 
@@ -169,5 +174,5 @@ def render_section(results: list[dict], planned: list[str], rehearse: bool, took
     lines += ["", "### Latency per chunk (`benchmarks/model_latency.py`)", ""]
     lines += latency_table(results, ("eager", "compiled", "latency_5b", "fp8"))
     lines += ["", "### GPU tier (`tests/gpu`)", "", *tier_table(results)]
-    lines += ["", "### Robots per GPU (`benchmarks/robots_per_gpu.py`)", "", *robots_table(results)]
+    lines += ["", "### Robots at the control pace (`benchmarks/fleet.py`)", "", *robots_table(results)]
     return "\n".join(lines) + "\n"

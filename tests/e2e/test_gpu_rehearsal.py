@@ -76,7 +76,7 @@ def test_the_rehearsal_of_every_stage_passes_on_both_cards(tmp_path):
     fits = {(r["card"], r["figure"]): r["value"] for r in results if r.get("preset") == "droid_14b" and "card" in r}
     assert fits[("80GiB", "batch_fits_2")] == 1 and fits[("80GiB", "batch_fits_4")] == 0  # the planner's, per card
     assert fits[("141GiB", "batch_fits_4")] == 1 and fits[("141GiB", "batch_fits_8")] == 1
-    assert {r.get("figure") for r in results} >= {"environment", "compile_smoke", "robots_fleet", "robots_per_gpu"}
+    assert {r.get("figure") for r in results} >= {"environment", "compile_smoke", "fleet", "fleet_at_pace"}
     text = section(tmp_path)
     assert "Incomplete" not in text and "### Against the references" in text and "1095 ms/chunk" in text
 

@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import fleet  # noqa: E402
 import fleet_sim  # noqa: E402
 
+from dreamzero_droid import droid  # noqa: E402
 from dreamzero_droid.policy import DroidPolicy, LinkReply  # noqa: E402
 
 
@@ -132,13 +133,46 @@ def test_bad_options_are_refused_naming_them():
 
 
 def test_an_in_process_fleet_through_the_policy_batcher_on_the_tiny_preset(tmp_path):
-    out = tmp_path / "fleet.json"
-    code = fleet.main(["--robots", "1,2", "--seconds", "3", "--no-reference", "--json", str(out)])
-    assert code == 0
+    """The GPU check's way (a preset with random weights, the reference as one session per call on the same model,
+    every fleet appended to the results file), here on this CPU."""
+    out, results = tmp_path / "fleet.json", tmp_path / "results.jsonl"
+    argv = ["--preset", "tiny", "--device", "cpu", "--dtype", "float32", "--robots", "1,2", "--seconds", "2",
+            "--reference", "one-at-a-time", "--json", str(out), "--results", str(results)]  # fmt: skip
+    assert fleet.main(argv) == 0
     record = json.loads(out.read_text())
     rows = record["rows"]
-    assert [r["robots"] for r in rows] == [1, 2][: len(rows)] and "tiny" in record["setting"]
+    assert {r["way"] for r in rows} == {"batched", "reference"} and "tiny (random weights)" in record["setting"]
+    assert "one session per model call" in record["setting"]
     for r in rows:  # a loaded CPU may miss even one robot's pace: the figures are still all there
         assert not r["errors"] and r["chunks"] >= r["robots"] and r["ticks"] > 0, r
         assert r["rows_per_call"] >= 1 and r["age_p99_ms"] >= r["age_p50_ms"] >= 0
-    assert record["largest_at_pace"]["batched"] == max((r["robots"] for r in rows if r["at_pace"]), default=0)
+        if r["way"] == "reference":
+            assert r["rows_per_call"] == 1  # one session per model call
+    for way in ("batched", "reference"):
+        at_pace = [r["robots"] for r in rows if r["way"] == way and r["at_pace"]]
+        assert record["largest_at_pace"][way] == max(at_pace, default=0)
+    lines = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [line["figure"] for line in lines] == ["fleet"] * len(rows) + ["fleet_at_pace"]
+    assert lines[-1]["batched"] == record["largest_at_pace"]["batched"] and lines[0]["model"].startswith("tiny")
+
+
+def test_droid_robots_can_query_a_model_of_another_embodiment():
+    """The GPU check's 5B is LIBERO's: a DROID robot's observation goes in its cameras and state width, the actions
+    come back in DROID's 8 columns, and the real-time chunking prefix in the model's."""
+    from types import SimpleNamespace
+
+    from dreamzero.embodiments import get_embodiment
+
+    libero = SimpleNamespace(embodiment=get_embodiment("libero_sim"))
+    frames = [droid.make_frame(fleet_sim.observation(0, np.random.default_rng(k))) for k in range(4)]
+    raw = droid.raw_observation(frames)
+    obs = fleet_sim.embodiment_observation(libero, raw)
+    assert set(obs) == {*libero.embodiment.video_keys, *libero.embodiment.state_widths}
+    assert obs["state.state"].shape == (1, 8) and obs["video.image"].shape == (1, 4, 180, 320, 3)
+    batch, _ = libero.embodiment.preprocess(obs, ["pick"])  # the served embodiment accepts it
+    assert len(batch) == 1
+    assert fleet_sim.droid_actions(np.ones((1, 16, 7))).shape == (1, 16, 8)
+    prefix = fleet_sim.embodiment_options(libero, {"action_prefix": [np.ones((4, 8)), None]})["action_prefix"]
+    assert prefix[0].shape == (4, libero.embodiment.action_dim) and prefix[1] is None
+    tiny = SimpleNamespace(embodiment=get_embodiment("oxe_droid"))
+    assert fleet_sim.embodiment_observation(tiny, raw) is raw  # DROID's own: as sent

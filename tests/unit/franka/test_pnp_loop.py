@@ -323,3 +323,23 @@ def test_pnp_fills_the_base_loops_hooks_and_imports_nothing_private():
         if alias.name.startswith("_") and not alias.name.startswith("__")
     ]
     assert private == []
+
+
+def test_pnp_queries_carry_the_fleet_fields_and_the_links_send_them():
+    """franka_pnp queries are a live robot's too: the observation's wall-clock time and the realtime class go with
+    each (no deadline: its loop executes whole chunks and asks when one runs out); `fleet_fields=False` sends none."""
+    import time
+
+    link = PnpLink()
+    runner, *_ = _runner(link, max_steps=12)
+    before = time.time()
+    runner.run(1)
+    query = link.queries[0]
+    assert query.traffic_class == "realtime" and query.deadline_ms is None
+    assert before <= query.observed_at <= time.time()
+    message = PnpOpenPILink().message(query)
+    assert message["traffic_class"] == ["realtime"] and message["observed_at"] == [query.observed_at]
+    quiet = PnpLink()
+    runner, *_ = _runner(quiet, max_steps=12, fleet_fields=False)
+    runner.run(1)
+    assert quiet.queries[0].observed_at is None and quiet.queries[0].traffic_class is None

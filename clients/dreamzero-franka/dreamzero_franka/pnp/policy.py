@@ -52,6 +52,10 @@ class PnpQuery:
     first_call: bool
     expected_step: int | None = None
     expected_incarnation: str | None = None
+    # the fleet's fields (docs/fleet.md), set by the control loop (`fleet_fields`); None: not sent
+    observed_at: float | None = None
+    traffic_class: str | None = None
+    deadline_ms: float | None = None
     # the links send a query's RTC fields: franka_pnp queries never ask for real-time chunking (its loop executes
     # whole chunks), so there are none
     rtc: ClassVar[None] = None
