@@ -288,7 +288,17 @@ def test_tiny_bf16_drift_from_fp32_is_bounded():
     record("bf16_drift_rel_l2", max(d.rel_l2 for d in found), tier=TIER, preset="tiny", note=note)
 
 
-@pytest.mark.parametrize("steps", [8, 16])
+@pytest.mark.parametrize(
+    "steps",
+    [
+        8,
+        # the rehearsal proves the timed path with the served 8-step plan; the DiT on all 16 steps is the same path,
+        # 16 forwards of the 5B slice at real widths (~40 s of this CPU for a figure it does not count)
+        pytest.param(
+            16, marks=pytest.mark.skipif(not ON_CUDA, reason="timed on a GPU only: the 8-step run rehearses it")
+        ),
+    ],
+)
 def test_chunk_at_8_and_16_steps_runs_and_is_timed(models, steps):
     """A continuing chunk with the upstream 8-step DiT mask and with the DiT on all 16 steps, timed: the 14B on CUDA,
     the 5B slice in the rehearsal (a 14B-slice chunk runs the whole Wan 2.1 VAE on 352x640 frames: minutes here)."""
