@@ -419,7 +419,7 @@ def main(argv=None) -> int:
             append_result(args, {"figure": "fleet_at_pace", "model": model_name(args), "device": device,
                                  "reference": args.reference, "setting": record["setting"], **best})  # fmt: skip
     finally:
-        for server in (shared or {}).values():
+        for server in shared.values() if isinstance(shared, dict) else ():
             server.close()
     if args.json:
         Path(args.json).write_text(json.dumps(record, indent=1))

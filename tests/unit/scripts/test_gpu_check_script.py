@@ -70,7 +70,9 @@ def test_a_stopped_stage_leaves_nothing_of_its_process_group(tmp_path, ignores_s
     child_pid = tmp_path / "child.pid"
     script = (
         "import signal, subprocess, sys, time\n"
-        + ("signal.signal(signal.SIGINT, signal.SIG_IGN)\n" if ignores_sigint else "")
+        # explicit either way: a child inherits an ignored SIGINT, and this test's process may have one (an earlier
+        # test's library on the same xdist worker)
+        + f"signal.signal(signal.SIGINT, signal.{'SIG_IGN' if ignores_sigint else 'default_int_handler'})\n"
         + "child = subprocess.Popen(['sleep', '120'])\n"
         + f"open({str(child_pid)!r}, 'w').write(str(child.pid))\n"
         + "time.sleep(120)\n"
