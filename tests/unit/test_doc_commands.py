@@ -53,6 +53,7 @@ EXCLUDED = {
     r"\./scripts/serve\.sh|serve run |RAY_SERVE_ENABLE_HA_PROXY=1 ": "starts a server on port 8000 and keeps it",
     r"scripts/gpu-wheels\.sh": "downloads CUDA wheels",
     r"scripts/default_model\.sh": "records, trains and evaluates for hours",
+    r"scripts/instruction_model\.sh": "records, trains and evaluates for hours",
     r"pip install ": "installs packages (the test venv has them)",
     r"huggingface-cli download ": "downloads checkpoints of tens of GB",
     r"dreamzero-plan --model /models/": "reads a 46 GB checkpoint at /models",
