@@ -13,6 +13,8 @@
 # turned cube throughout; the shipped weights were trained on the earlier square cube and evaluated on the turned one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/serve_for_eval.sh
+source scripts/lib/serve_for_eval.sh
 RUN=${RUN:-runs/small-scene1}
 STEPS=${STEPS:-2000}
 EPISODES=${EPISODES:-100}
@@ -83,16 +85,7 @@ evaluate() {
     local port=${PORT:-8000} log="$RUN/serve.log"
     mkdir -p "$RUN"
     sed "s/^  port: 8000$/  port: $port/" serve_config.yaml >"$RUN/serve_config.yaml"  # the shipped config, PORT
-    export RAY_TMPDIR=${RAY_TMPDIR:-$(mktemp -d /tmp/rayXXXX)}  # a private Ray session, stopped with the server
-    setsid nice -n "${NICE:-0}" "$BIN/serve" run "$RUN/serve_config.yaml" >"$log" 2>&1 &
-    serve_pid=$!
-    # SIGTERM: `serve run` shuts its Ray session down (a backgrounded one ignores SIGINT); bounded wait, then SIGKILL
-    trap 'kill -TERM -- "-$serve_pid" 2>/dev/null; timeout 90 tail --pid="$serve_pid" -f /dev/null || kill -KILL -- "-$serve_pid" 2>/dev/null || true' EXIT
-    for _ in $(seq 300); do
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-        kill -0 "$serve_pid" 2>/dev/null || { tail -50 "$log"; exit 1; }
-        sleep 1
-    done
+    serve_for_eval "$RUN/serve_config.yaml" "$log" "$port"
     run "$BIN/dreamzero-eval" --scenes 1 --episodes "$EVAL_EPISODES" --layouts compact --seed 100000 \
         --image-size 90 160 --open-loop-horizon 24 --max-steps 200 --port "$port" --out "$RUN/eval" --no-progress
 }

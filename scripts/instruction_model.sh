@@ -13,6 +13,8 @@
 # their times and losses); later sessions add its stages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=lib/serve_for_eval.sh
+source scripts/lib/serve_for_eval.sh
 RUN=${RUN:-runs/scene4}
 EPISODES=${EPISODES:-200}
 STEPS=${STEPS:-1500}
@@ -43,15 +45,7 @@ evaluate() {
     ckpt="$RUN/stage1/$(cat "$RUN/stage1/latest")"
     sed -e "s/^  port: 8000$/  port: $port/" -e "s#model_path: .*#model_path: $PWD/$ckpt#" serve_config.yaml \
         >"$RUN/serve_config.yaml"
-    export RAY_TMPDIR=${RAY_TMPDIR:-$(mktemp -d /tmp/rayXXXX)}  # a private Ray session, stopped with the server
-    setsid nice -n "${NICE:-0}" "$BIN/serve" run "$RUN/serve_config.yaml" >"$log" 2>&1 &
-    serve_pid=$!
-    trap 'kill -TERM -- "-$serve_pid" 2>/dev/null; timeout 90 tail --pid="$serve_pid" -f /dev/null || kill -KILL -- "-$serve_pid" 2>/dev/null || true' EXIT
-    for _ in $(seq 300); do
-        curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-        kill -0 "$serve_pid" 2>/dev/null || { tail -50 "$log"; exit 1; }
-        sleep 1
-    done
+    serve_for_eval "$RUN/serve_config.yaml" "$log" "$port"
     run "$BIN/dreamzero-eval" --scenes 4 --instruction all --episodes $((4 * EVAL_EPISODES)) --seed 100000 \
         --image-size 90 160 --open-loop-horizon 24 --max-steps 300 --port "$port" --out "$RUN/eval" --no-progress
 }
