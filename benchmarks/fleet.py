@@ -372,6 +372,11 @@ def parse_args(argv=None):
     sizes = [int(w) for w in args.robots.split(",") if w.strip()]
     if not sizes or min(sizes) < 1:
         ap.error(f"--robots {args.robots!r}: give positive fleet sizes")
+    if args.preset is not None:
+        from dreamzero.config.presets import PRESETS
+
+        if args.preset not in PRESETS:
+            ap.error(f"--preset {args.preset!r}: known presets are {', '.join(sorted(PRESETS))}")
     if args.model and args.preset:
         ap.error("give --model (a checkpoint) or --preset (random weights), not both")
     if args.url and (args.preset or args.device or args.dtype):

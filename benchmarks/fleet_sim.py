@@ -311,11 +311,17 @@ def embodiment_observation(policy, raw: dict) -> dict:
     obs = {key: cams[i % len(cams)] for i, key in enumerate(emb.video_keys)}
     droid_state = np.concatenate([v for k, v in raw.items() if k.startswith("state.")], axis=-1)
     for key, width in emb.state_widths.items():
-        state = np.zeros((droid_state.shape[0], width), np.float32)
-        take = min(width, droid_state.shape[1])
-        state[:, :take] = droid_state[:, :take]
-        obs[key] = state
+        obs[key] = fit_width(droid_state, width, np.float32)
     return obs
+
+
+def fit_width(values, width: int, dtype=None) -> np.ndarray:
+    """`values` [..., D] as [..., width]: the first columns kept, zero-padded or cut."""
+    values = np.asarray(values)
+    out = np.zeros((*values.shape[:-1], width), dtype or values.dtype)
+    take = min(width, values.shape[-1])
+    out[..., :take] = values[..., :take]
+    return out
 
 
 def embodiment_options(policy, options: dict) -> dict:
@@ -324,26 +330,13 @@ def embodiment_options(policy, options: dict) -> dict:
     width = policy.embodiment.action_dim
     if not prefixes or policy.embodiment.tag == "oxe_droid":
         return options
-    fitted = []
-    for p in prefixes:
-        if p is None:
-            fitted.append(None)
-            continue
-        q = np.zeros((*np.shape(p)[:-1], width), np.float32)
-        take = min(width, np.shape(p)[-1])
-        q[..., :take] = np.asarray(p)[..., :take]
-        fitted.append(q)
+    fitted = [None if p is None else fit_width(p, width, np.float32) for p in prefixes]
     return {**options, "action_prefix": fitted}
 
 
 def droid_actions(actions: np.ndarray) -> np.ndarray:
     """An embodiment's actions [B, H, D] as DROID's [B, H, 8] (zero-padded or cut), what the robot runtime executes."""
-    if actions.shape[-1] == droid.ACTION_DIM:
-        return actions
-    out = np.zeros((*actions.shape[:-1], droid.ACTION_DIM), actions.dtype)
-    take = min(actions.shape[-1], droid.ACTION_DIM)
-    out[..., :take] = actions[..., :take]
-    return out
+    return actions if actions.shape[-1] == droid.ACTION_DIM else fit_width(actions, droid.ACTION_DIM)
 
 
 def warm_up(policy) -> None:

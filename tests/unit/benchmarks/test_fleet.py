@@ -130,6 +130,8 @@ def test_bad_options_are_refused_naming_them():
         fleet.parse_args(["--schedule", "prefetch", "--lead", "8"])
     with pytest.raises(SystemExit):
         fleet.parse_args(["--farm", "--url", "http://127.0.0.1:8000"])
+    with pytest.raises(SystemExit):
+        fleet.parse_args(["--preset", "nope"])
 
 
 def test_an_in_process_fleet_through_the_policy_batcher_on_the_tiny_preset(tmp_path):
