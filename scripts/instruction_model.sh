@@ -2,7 +2,9 @@
 # A default that reads its instruction (scene 4: the cube and the can, the bowl and the mug, four instructions;
 # docs/training.md section 6), one stage or all of them:
 #   scripts/instruction_model.sh record   EPISODES scripted demonstrations of scene 4, every instruction balanced,
-#                                         lossless video (2 recorder processes: seeds 0.. and 10000..)
+#                                         lossless video, as datasets of PART episodes (part k: seeds k*1000..),
+#                                         RECORDERS at a time; a part already written is kept, so an interrupted
+#                                         recording resumes where it stopped
 #   scripts/instruction_model.sh train    dreamzero-train on two Ray Train workers, from the shipped small-scene1
 #                                         weights (its motion on this table), the actions' min/max bounds of scene 4
 #   scripts/instruction_model.sh eval     `serve run` of the newest checkpoint + EVAL_EPISODES held-out episodes per
@@ -17,6 +19,8 @@ cd "$(dirname "$0")/.."
 source scripts/lib/serve_for_eval.sh
 RUN=${RUN:-runs/scene4}
 EPISODES=${EPISODES:-200}
+PART=${PART:-25}
+RECORDERS=${RECORDERS:-2}
 STEPS=${STEPS:-1500}
 WORKERS=${WORKERS:-2}
 EVAL_EPISODES=${EVAL_EPISODES:-20}
@@ -24,15 +28,38 @@ BIN=${BIN:-.venv/bin}
 export OMP_NUM_THREADS=1 MUJOCO_GL=${MUJOCO_GL:-egl} RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 run() { nice -n "${NICE:-0}" "$@"; }
 
+parts() {
+    local k
+    for ((k = 0; k * PART < EPISODES; k++)); do printf '%s/demos/part-%02d\n' "$RUN" "$k"; done
+}
+
+record_part() {
+    # a part is written to part-NN.tmp and renamed when its dataset is complete (LeRobot writes it at the end)
+    local out=$1 k=$((10#${1##*-}))
+    [[ -e $out/meta/info.json ]] && return 0
+    rm -rf "$out.tmp"
+    run "$BIN/dreamzero-record-demos" --out "$out.tmp" --scene 4 --instruction all --episodes "$PART" \
+        --seed $((k * 1000)) --image-size 90 160 --video lossless
+    mv "$out.tmp" "$out"
+}
+
 record() {
-    run "$BIN/dreamzero-record-demos" --out "$RUN/demos-lossless" --scene 4 --instruction all \
-        --episodes "$EPISODES" --seed 0 --workers 2 --image-size 90 160 --video lossless
+    mkdir -p "$RUN/demos"
+    local out pids=()
+    for out in $(parts); do
+        record_part "$out" &
+        pids+=($!)
+        if ((${#pids[@]} >= RECORDERS)); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+    done
+    for pid in "${pids[@]}"; do wait "$pid"; done
 }
 
 train() {
     # stage 1: every instruction's first two chunks (where the words must pick the object before the arm moves),
     # from the shipped scene-1 weights; the statistics are scene 4's own (its targets reach past scene 1's bounds)
-    run "$BIN/dreamzero-train" --dataset "$RUN/demos-lossless" --out "$RUN/stage1" \
+    local datasets=() out
+    for out in $(parts); do datasets+=(--dataset "$out"); done
+    run "$BIN/dreamzero-train" "${datasets[@]}" --out "$RUN/stage1" \
         --init dreamzero/assets/models/small-scene1 --num-workers "$WORKERS" --cpu-threads 1 \
         --action-bounds min_max --action-loss-weight 10 --cache-encodings \
         --steps "$STEPS" --batch-size 8 --blocks 2 --start-stride 96 --lr 2e-4 --warmup-steps 50 \
@@ -40,7 +67,7 @@ train() {
 }
 
 evaluate() {
-    # held-out layouts: episode seeds from 100000 (the recording used 0.. and 10000..)
+    # held-out layouts: episode seeds from 100000 (part k of the recording used k*1000..)
     local ckpt port=${PORT:-8000} log="$RUN/serve.log"
     ckpt="$RUN/stage1/$(cat "$RUN/stage1/latest")"
     sed -e "s/^  port: 8000$/  port: $port/" -e "s#model_path: .*#model_path: $PWD/$ckpt#" serve_config.yaml \
