@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.parallel import assign_groups, own_ray_tmpdir, torch_threads
+from tests.support.parallel import assign_groups, own_ray_tmpdir, record_timeline, torch_threads
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("MUJOCO_GL", "egl")
@@ -43,6 +43,10 @@ def _has_module(name: str) -> bool:
 def pytest_collection_modifyitems_groups(items):
     """Before xdist reads them (its own hook runs first otherwise): each test's group, and the workers' order."""
     assign_groups(items)
+
+
+def pytest_runtest_logreport(report):
+    record_timeline(report)  # only with $DREAMZERO_TEST_TIMELINE (docs/testing.md, "CI time")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -2,11 +2,12 @@
 its own in CI: tests/e2e/test_gpu_offline_env.py), on a simulated 80 GiB and a simulated
 141 GiB card (the slice and small presets, the shipped `serve_config.yaml` changed only as the README tells a GPU
 user), ending in one PASS line; the batch sizes each card gets come from the memory planner (an 80 GiB card does not
-time a batch of 4 14B sessions, a 141 GiB one does); a compiled stage that times out keeps the eager figures in the
-results file and in the written docs, marked incomplete; and the script failing on the defect a read of the GPU path
+time a batch of 4 14B sessions, a 141 GiB one does); and the script failing on the defect a read of the GPU path
 found before any GPU run, when it is put back: `batching.max_batch_rows: null` (a batch as large as
 `sessions.max_sessions`) in the shipped config. (A compiled row that ran eager code, or an eager one compiled code,
-fails its stage: tests/unit/scripts/test_gpu_check_stages.py.)
+fails its stage, and a compiled stage that times out keeps the eager figures in the results file and in the written
+docs, marked incomplete: tests/unit/scripts/test_gpu_check_stages.py, with a stand-in benchmark that writes its row
+as the real one does; the real benchmark's rows reach the same files in the full run here.)
 """
 
 from __future__ import annotations
@@ -79,15 +80,6 @@ def test_the_rehearsal_of_every_stage_passes_on_both_cards(tmp_path):
     assert {r.get("figure") for r in results} >= {"environment", "compile_smoke", "fleet", "fleet_at_pace"}
     text = section(tmp_path)
     assert "Incomplete" not in text and "### Against the references" in text and "1095 ms/chunk" in text
-
-
-def test_a_compiled_stage_that_times_out_keeps_the_eager_figures(tmp_path):
-    code, last, out = rehearse(tmp_path, "--only", "eager,compiled", "--timeout", "compiled=20")
-    assert code == 1 and last.startswith("gpu-check rehearsal: FAIL compiled: timeout"), out[-6000:]
-    rows = [r for r in read_results(tmp_path / "results.jsonl") if r.get("stage") == "eager" and "row" in r]
-    assert [r["row"] for r in rows] == ["16 steps", "8-step mask (upstream)"] and all(r["chunks"] >= 5 for r in rows)
-    text = section(tmp_path)
-    assert "**Incomplete**: compiled (timeout" in text and "| eager | tiny | 8-step mask (upstream) | none |" in text
 
 
 def test_the_old_rows_default_fails_the_serve_step(tmp_path):

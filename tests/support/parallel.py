@@ -27,6 +27,7 @@ folder) is one per temp dir, so two workers' clusters must not share one. Ports 
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 
@@ -101,3 +102,20 @@ def assign_groups(items: list[pytest.Item]) -> None:
         item.add_marker(pytest.mark.xdist_group(_group(item)))
     if worker_id() is not None:
         items.sort(key=lambda item: _rank(_group(item)))
+
+
+#: `DREAMZERO_TEST_TIMELINE=<file>`: every test phase appended there as a JSON line (worker, test, phase, start and
+#: stop in epoch seconds, outcome, load average), to see where a run's time went and how the workers shared it
+TIMELINE_ENV = "DREAMZERO_TEST_TIMELINE"
+
+
+def record_timeline(report: pytest.TestReport) -> None:
+    path = os.environ.get(TIMELINE_ENV)
+    if not path or (worker_id() is None and hasattr(report, "node")):  # xdist's controller: its worker wrote it
+        return
+    with open("/proc/loadavg") as f:
+        load = float(f.read().split()[0])
+    row = {"worker": worker_id() or "main", "test": report.nodeid, "phase": report.when, "start": report.start,
+           "stop": report.stop, "outcome": report.outcome, "load": load}  # fmt: skip
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
