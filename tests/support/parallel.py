@@ -9,15 +9,16 @@ tests/house/test_parallel_groups.py fails if the groups stop holding):
     and every cluster test reuses it, as in a serial run (two clusters would also cost two ~30 s deploys per app);
   - the e2e tests that take one of the tier's shared `serve run`s (`shipped_server`, `tiny_server`:
     tests/e2e/conftest.py) are one group per server, so each starts once;
-  - each of the GPU-check rehearsal's runs is a group of its own (`GROUP_PER_TEST`): the full run is most of one
-    worker's time, so the other two run on the other worker;
+  - the GPU-check rehearsal's module is one group: its runs share the slice checkpoints its module fixture writes
+    (~25 s and 2 GB each time);
   - any other test is grouped by its module, so a module-scoped fixture (a trained model, a written checkpoint, a
     `serve run`) is built once, never once per worker.
 
 In a worker the collection is reordered longest group first (`FIRST`: the GPU-check rehearsal, the cluster group,
 the other `serve run` modules), so that the last group a worker starts is a short one; run it with
-`--no-loadscope-reorder` (xdist's own order is by test count, which puts the three-test rehearsal last). A serial run
-keeps its usual order.
+`--no-loadscope-reorder` (xdist's own order is by test count, which puts the two-test rehearsal last). xdist hands the
+first groups out in turn, so the two longest (~800 s each, under CI's load) start at once on the two workers, and
+neither waits behind the other. A serial run keeps its usual order.
 
 Each worker gets its own RAY_TMPDIR: Ray's `session_latest` link (where a test finds the running session's log
 folder) is one per temp dir, so two workers' clusters must not share one. Ports are the OS's free ones everywhere
@@ -36,9 +37,6 @@ import pytest
 #: groups started first, longest first (the suite's --durations): whatever is not named keeps its collection order
 FIRST = ("tests/e2e/test_gpu_rehearsal.py", "tests/cluster", "tests/e2e")
 CLUSTER_GROUP = "tests/cluster"
-#: modules whose tests are a group each: the rehearsal's three runs are independent (each writes what it needs), and
-#: the longest of them alone is most of a worker's time
-GROUP_PER_TEST = ("tests/e2e/test_gpu_rehearsal.py",)
 #: the e2e tier's shared `serve run` fixtures: the tests taking one are a group (named for it)
 SHARED_SERVERS = ("shipped_server", "tiny_server")
 
@@ -79,8 +77,6 @@ def group_of(nodeid: str, fixtures: tuple[str, ...] | list[str] = ()) -> str:
     if shared:
         return "tests/e2e/" + shared[0]
     path = nodeid.split("::", 1)[0]
-    if path in GROUP_PER_TEST:
-        return nodeid
     return CLUSTER_GROUP if path.startswith(CLUSTER_GROUP + "/") else path
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+from types import SimpleNamespace
 
-from tests.support.parallel import assign_groups, group_of, own_ray_tmpdir
+from tests.support.parallel import TIMELINE_ENV, assign_groups, group_of, own_ray_tmpdir, record_timeline
 
 
 class FakeItem:
@@ -35,8 +37,8 @@ def test_the_cluster_folder_is_one_group_and_any_other_test_is_grouped_by_its_mo
     sibling = "tests/cluster" + "ish/test_x.py"  # a made-up folder beside tests/cluster (joined: no file to name)
     assert group_of(f"{sibling}::t") == sibling  # tests/cluster is a folder, not a name prefix
     # the tests sharing the e2e tier's `serve run` of the shipped config run on one worker, whatever their module
-    rehearsal = "tests/e2e/test_gpu_" + "rehearsal.py"  # its runs are a group each (joined: a path, not a reference)
-    assert group_of(f"{rehearsal}::test_a") != group_of(f"{rehearsal}::test_b") == f"{rehearsal}::test_b"
+    rehearsal = "tests/e2e/test_gpu_" + "rehearsal.py"  # one group: its runs share the slices (joined: a path)
+    assert group_of(f"{rehearsal}::test_a") == group_of(f"{rehearsal}::test_b") == rehearsal
     a, b = ("tests/e2e/" + name + ".py::t" for name in ("test_a", "test_b"))  # made-up modules (joined: no file)
     shared = [group_of(m, ("tmp_path", "shipped_server")) for m in (a, b)]
     assert shared[0] == shared[1] != group_of(a, ("tmp_path",))
@@ -86,3 +88,19 @@ def test_a_test_process_runs_torch_on_one_thread_unless_told(monkeypatch):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_timeline_holds_each_phase_once_and_only_when_asked(tmp_path, monkeypatch):
+    path = tmp_path / "timeline.jsonl"
+    report = SimpleNamespace(nodeid="tests/unit/x.py::t", when="call", start=10.0, stop=12.5, outcome="passed")
+    monkeypatch.delenv(TIMELINE_ENV, raising=False)
+    record_timeline(report)
+    assert not path.exists()  # not asked
+    monkeypatch.setenv(TIMELINE_ENV, str(path))
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    record_timeline(report)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER")
+    record_timeline(SimpleNamespace(**vars(report), node="gw1"))  # the controller's copy of gw1's report
+    (row,) = [json.loads(line) for line in path.read_text().splitlines()]
+    assert row["worker"] == "gw1" and row["test"] == report.nodeid and row["phase"] == "call"
+    assert row["stop"] - row["start"] == 2.5 and row["outcome"] == "passed" and row["load"] >= 0
