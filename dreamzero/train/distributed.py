@@ -57,8 +57,9 @@ def run_distributed(
     use_gpu = cfg.device.startswith("cuda")
     per_worker = {"CPU": threads_per_worker or 1}
     if not ray.is_initialized():
-        # the workers import dreamzero from this same environment; keep Ray's own log noise out of the console
-        ray.init(include_dashboard=False, log_to_driver=True, configure_logging=False)
+        # the workers import dreamzero from this same environment; with Ray's dashboard up (its State API), Ray
+        # Train's placement-group cleaner can see its controller: without it, it warns every few seconds
+        ray.init(log_to_driver=True, configure_logging=False)
     trainer = TorchTrainer(
         _worker_loop,
         train_loop_config={"cfg": dataclasses.asdict(cfg), "resume": resume, "threads": threads_per_worker},

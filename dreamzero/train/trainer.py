@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import logging
 import math
@@ -503,7 +504,11 @@ def _wrap_data_parallel(module: torch.nn.Module, device: str) -> torch.nn.Module
 
     dev = torch.device(device)
     ids = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else None
-    return DistributedDataParallel(module, device_ids=ids, broadcast_buffers=False)
+    # no buffer broadcast before each forward (every rank starts from the same weights and buffers); torch 2.13 names
+    # that `forward_sync_buffers` and warns on the old name, which older torch (a GPU box's 2.11) still needs
+    params = inspect.signature(DistributedDataParallel.__init__).parameters
+    no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+    return DistributedDataParallel(module, device_ids=ids, **no_sync)
 
 
 def _no_sync(module: torch.nn.Module, last: bool):
