@@ -14,6 +14,8 @@ fp32 shards and gradients) is checked on a one-process group, without Ray.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -51,9 +53,19 @@ def ray_cluster(tmp_path_factory):
     if ray.is_initialized():
         yield
         return
+    import psutil
+
+    from tests.support.ray_nodes import node_processes
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    session = Path(os.environ["RAY_TMPDIR"], "ray", "session_latest").resolve()
     yield
+    procs = node_processes(str(session))  # the node's daemons and, as the raylet's children, every worker
     ray.shutdown()
+    # a Ray Train controller has outlived its node's shutdown once (an orphan, asleep): none may outlive the module
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    for proc in alive:
+        proc.kill()
 
 
 def _cfg(dataset, out, **kw) -> TrainConfig:
