@@ -27,6 +27,11 @@ EVAL_EPISODES=${EVAL_EPISODES:-20}
 BIN=${BIN:-.venv/bin}
 export OMP_NUM_THREADS=1 MUJOCO_GL=${MUJOCO_GL:-egl} RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 run() { nice -n "${NICE:-0}" "$@"; }
+for knob in EPISODES PART RECORDERS STEPS WORKERS EVAL_EPISODES; do
+    [[ ${!knob} =~ ^[1-9][0-9]*$ ]] || { echo "$knob=${!knob}: give a positive whole number" >&2; exit 2; }
+done
+# part k records from seed k*1000: at most 100 parts, below the held-out seeds (100000 on)
+((EPISODES <= 100 * PART)) || { echo "EPISODES=$EPISODES: at most 100 parts of PART=$PART" >&2; exit 2; }
 
 parts() {
     local k
@@ -69,6 +74,7 @@ train() {
 evaluate() {
     # held-out layouts: episode seeds from 100000 (part k of the recording used k*1000..)
     local ckpt port=${PORT:-8000} log="$RUN/serve.log"
+    [[ -f $RUN/stage1/latest ]] || { echo "no checkpoint in $RUN/stage1: run '$0 train' first" >&2; exit 2; }
     ckpt="$RUN/stage1/$(cat "$RUN/stage1/latest")"
     sed -e "s/^  port: 8000$/  port: $port/" -e "s#model_path: .*#model_path: $PWD/$ckpt#" serve_config.yaml \
         >"$RUN/serve_config.yaml"
