@@ -39,9 +39,10 @@ class IngressDeployment:
         self.http, self.openpi = self.hosted["http"], self.hosted["openpi_ws"]
         self.doors = dict(doors or {})
 
-    def reconfigure(self, user_config: dict) -> None:
+    def reconfigure(self, user_config: dict | None, rank: object = None) -> None:
         """Serve's `user_config` of the Ingress: `api_keys` and `tenants` (quotas) replace the `args` values without
-        replacing the replica (deployments.tenants.DoorTenantConfig)."""
+        replacing the replica (deployments.tenants.DoorTenantConfig). `rank` is unused: taking it makes Serve call
+        this when a deploy removes `user_config` (None: back to `args`), as PolicyDeployment.reconfigure says."""
         keys, quotas = parse_door_config(user_config)
         self.keys.replace_static(keys)
         self.runner.quotas.update(quotas)

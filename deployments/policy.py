@@ -283,8 +283,11 @@ class PolicyDeployment:
         return outcomes, calls
 
     # --- live tuning (Serve user_config: deployments.live_tuning) ----------------------------------------------
-    def reconfigure(self, user_config: dict) -> None:
-        """Serve calls this at start and on every `user_config` change of a `serve deploy`, without a restart."""
+    def reconfigure(self, user_config: dict | None, rank: object = None) -> None:
+        """Serve calls this at start and on every `user_config` change of a `serve deploy`, without a restart.
+
+        `rank` is unused: taking it makes Serve call this when a deploy removes `user_config` too (None: back to the
+        `args` values), which it skips for a method without it."""
         from deployments.live_tuning import apply_live_tuning, parse_live_tuning
 
         self.tuning = apply_live_tuning(self, parse_live_tuning(user_config))

@@ -461,8 +461,9 @@ class ZmqIngressDeployment:
     def ready(self) -> bool:
         return not self._task.done() and not self.door.killed.is_set()
 
-    def reconfigure(self, user_config: dict) -> None:
-        """Serve's `user_config` of ZmqIngress: keys and quotas, applied without replacing the replica."""
+    def reconfigure(self, user_config: dict | None, rank: object = None) -> None:
+        """Serve's `user_config` of ZmqIngress: keys and quotas, applied without replacing the replica. `rank` is
+        unused: taking it makes Serve call this when a deploy removes `user_config` (None: back to `args`)."""
         self.door.reconfigure(user_config)
 
     def check_health(self) -> None:

@@ -5,9 +5,10 @@ The config goes to the controller as `serve deploy` sends it (its `applications`
 fixed at start). The only edits besides the operator's: the tiny model and a cheap loop under `args`, made once
 before the first deploy. Checked: every call answered (a 503 is retried, as its contract says), the sessions started
 before scaling never restart for any reason but the model's own window and never change replica, and the TTL change
-reaches the running replica (an idle session past the new TTL comes back `evicted`), all without a restart. A busy
-session may come back `evicted` only where its client saw more than the new TTL pass between two answers while that
-TTL was live (a loaded CPU or a redeploy's 503s can make a gap that long; the store is then right to drop it).
+reaches the running replica (an idle session past the new TTL comes back `evicted`) and removing it brings the
+`args` TTL back, all without a restart. A busy session may come back `evicted` only where its client saw more than
+the new TTL pass between two answers while that TTL was live (a loaded CPU or a redeploy's 503s can make a gap that
+long; the store is then right to drop it).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import time
 
 import pytest
 import yaml
+from ray import serve
 
 from tests.support.cluster import (
     APP,
@@ -127,6 +129,10 @@ def test_scaling_and_a_ttl_change_through_the_shipped_config_lose_no_session(htt
         del policy_entry(cfg)["user_config"]  # edit 2: back to the args TTL
         serve_deploy(cfg, 1)
         short_ttl_until = time.monotonic()
+        # Serve calls reconfigure on a removed user_config only where it takes `rank`: the running replica must have
+        # taken the args TTL back, not kept the short one (sessions evicted after the revert, once, in CI)
+        live = serve.get_deployment_handle("Policy", APP).tuning_in_effect.remote().result(timeout_s=60)
+        assert live["sessions"]["ttl_s"] == BASE_ARGS["sessions"]["ttl_s"], live
         policy_entry(cfg)["num_replicas"] = 3  # edit 3: scale up
         serve_deploy(cfg, 3)
         time.sleep(3)

@@ -318,8 +318,8 @@ def test_rotating_a_key_in_the_file_keeps_the_policy_and_the_session(http, app, 
 
 
 def test_rotating_keys_through_the_ingress_user_config(http, app, key_file):
-    """What an operator does with `serve deploy`: a new Ingress `user_config` (args untouched): the Ingress is
-    reconfigured in place, the Policy replica and a live session are untouched."""
+    """What an operator does with `serve deploy`: a new Ingress `user_config` (args untouched), then none again: the
+    Ingress is reconfigured in place both times, the Policy replica and a live session are untouched."""
     from ray import serve
     from ray.serve.schema import ServeDeploySchema
 
@@ -339,6 +339,17 @@ def test_rotating_keys_through_the_ingress_user_config(http, app, key_file):
             time.sleep(0.5)
         robot.step()
         assert robot.continued() and policy_actor() == before
+        assert decode(post(http, app, "team-c-key-0", ["c"], t=4).content)["sessions"][0]["step"] == 2
+        # the operator removes the user_config again: the args keys come back in place (team-c's key is refused)
+        schema["deployments"] = []
+        started = time.time()
+        serve.context._get_global_client().deploy_apps(ServeDeploySchema(applications=[schema]))
+        wait_deployed(started, DEPLOY_TIMEOUT_S)
+        deadline = time.monotonic() + 60
+        while post(http, app, "team-c-key-0", ["c"]).status_code != 401:
+            assert time.monotonic() < deadline, "team-c's key outlived the removed user_config"
+            time.sleep(0.5)
+        robot.step()
+        assert robot.continued() and policy_actor() == before
     finally:
-        forget_deployed_app()  # the next ensure_app deploys again (without the user_config)
-    assert decode(post(http, app, "team-c-key-0", ["c"], t=4).content)["sessions"][0]["step"] == 2
+        forget_deployed_app()  # the next ensure_app deploys again
