@@ -10,7 +10,8 @@
 #   scripts/instruction_model.sh eval     `serve run` of the newest checkpoint + EVAL_EPISODES held-out episodes per
 #                                         instruction through the OpenPI WebSocket, then stop it
 #   scripts/instruction_model.sh all      the three in order
-# RUN (default runs/scene4), EPISODES (200), STEPS (1500), WORKERS (2) and EVAL_EPISODES (20) override the defaults.
+# RUN (default runs/scene4), EPISODES (200), STEPS (1500, stage 1's), WORKERS (2), EVAL_EPISODES (20) and EVAL_STAGE
+# (the last stage trained) override the defaults.
 # Set NICE=19 on a shared machine. This is the recipe as far as it has run (docs/training.md says which stages ran,
 # their times and losses); later sessions add its stages.
 set -euo pipefail
@@ -62,25 +63,37 @@ record() {
 train() {
     # stage 1: every instruction's first two chunks (where the words must pick the object before the arm moves),
     # from the shipped scene-1 weights; the statistics are scene 4's own (its targets reach past scene 1's bounds)
-    local datasets=() out
+    # stage 2: every chunk of the session (the grasp, the carry and the place), from stage 1 with its statistics
+    # (a stage already at its last step resumes there and ends at once)
+    local datasets=() out common
     for out in $(parts); do datasets+=(--dataset "$out"); done
-    run "$BIN/dreamzero-train" "${datasets[@]}" --out "$RUN/stage1" \
-        --init dreamzero/assets/models/small-scene1 --num-workers "$WORKERS" --cpu-threads 1 \
-        --action-bounds min_max --action-loss-weight 10 --cache-encodings \
-        --steps "$STEPS" --batch-size 8 --blocks 2 --start-stride 96 --lr 2e-4 --warmup-steps 50 \
-        --save-every 100 --log-every 1
+    common=("${datasets[@]}" --num-workers "$WORKERS" --cpu-threads 1 --action-bounds min_max
+        --action-loss-weight 10 --cache-encodings --start-stride 96 --save-every 100 --log-every 1)
+    run "$BIN/dreamzero-train" "${common[@]}" --out "$RUN/stage1" --init dreamzero/assets/models/small-scene1 \
+        --steps "$STEPS" --batch-size 8 --blocks 2 --lr 2e-4 --warmup-steps 50
+    run "$BIN/dreamzero-train" "${common[@]}" --out "$RUN/stage2" --init "$(last_checkpoint stage1)" \
+        --metadata "$(last_checkpoint stage1)/experiment_cfg/metadata.json" \
+        --steps 1000 --batch-size 4 --blocks 4 --lr 1.5e-4 --warmup-steps 20
+}
+
+last_checkpoint() {
+    [[ -f $RUN/$1/latest ]] || { echo "no checkpoint in $RUN/$1: run '$0 train' first" >&2; exit 2; }
+    echo "$RUN/$1/$(cat "$RUN/$1/latest")"
 }
 
 evaluate() {
-    # held-out layouts: episode seeds from 100000 (part k of the recording used k*1000..)
-    local ckpt port=${PORT:-8000} log="$RUN/serve.log"
-    [[ -f $RUN/stage1/latest ]] || { echo "no checkpoint in $RUN/stage1: run '$0 train' first" >&2; exit 2; }
-    ckpt="$RUN/stage1/$(cat "$RUN/stage1/latest")"
+    # held-out layouts: episode seeds from 100000 (part k of the recording used k*1000..); EVAL_STAGE (default: the
+    # last stage trained) picks the checkpoint
+    local ckpt port=${PORT:-8000} log="$RUN/serve.log" stage=${EVAL_STAGE:-}
+    if [[ -z $stage ]]; then
+        for stage in stage2 stage1; do [[ -f $RUN/$stage/latest ]] && break; done
+    fi
+    ckpt=$(last_checkpoint "$stage")
     sed -e "s/^  port: 8000$/  port: $port/" -e "s#model_path: .*#model_path: $PWD/$ckpt#" serve_config.yaml \
         >"$RUN/serve_config.yaml"
     serve_for_eval "$RUN/serve_config.yaml" "$log" "$port"
     run "$BIN/dreamzero-eval" --scenes 4 --instruction all --episodes $((4 * EVAL_EPISODES)) --seed 100000 \
-        --image-size 90 160 --open-loop-horizon 24 --max-steps 300 --port "$port" --out "$RUN/eval" --no-progress
+        --image-size 90 160 --open-loop-horizon 24 --max-steps 300 --port "$port" --out "$RUN/eval-$stage" --no-progress
 }
 
 case "${1:-all}" in
