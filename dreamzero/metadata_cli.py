@@ -67,7 +67,7 @@ def _video_modalities(dataset: LeRobotDataset, video: dict[str, str]) -> dict[st
 
 
 def compute_metadata(
-    dataset: LeRobotDataset,
+    dataset: LeRobotDataset | Sequence[LeRobotDataset],
     preset: DatasetPreset,
     tag: str | None = None,
     max_episodes: int | None = None,
@@ -75,7 +75,8 @@ def compute_metadata(
     progress: bool = True,
     action_bounds: str = DEFAULT_BOUNDS,
 ) -> dict[str, Any]:
-    """{tag: {statistics, modalities, embodiment_tag}} for one dataset and one column preset.
+    """{tag: {statistics, modalities, embodiment_tag}} for one dataset and one column preset; given several datasets
+    (a mixture's datasets of one tag), the statistics of all their frames together (the video modalities: the first's).
 
     action_bounds: the statistics actions are normalised between (`dreamzero.metadata.BOUNDS`); anything but the
     default is written as the tag's `normalisation_bounds`.
@@ -84,6 +85,39 @@ def compute_metadata(
     whose relative statistics otherwise hold `horizon` deltas per frame in memory.
     """
     tag = tag or preset.tag
+    datasets = [dataset] if isinstance(dataset, LeRobotDataset) else list(dataset)
+    if not datasets:
+        raise ConfigError("compute_metadata: no dataset given")
+    if action_bounds not in BOUNDS:
+        raise ConfigError(f"action_bounds is {action_bounds!r}; use one of {sorted(BOUNDS)}")
+    collected: dict[tuple[str, str], list[np.ndarray]] = {}
+    for one in datasets:
+        _collect_values(one, preset, tag, max_episodes, frame_stride, progress, collected)
+
+    statistics: dict[str, dict[str, Any]] = {"state": {}, "action": {}}
+    modalities: dict[str, Any] = {"video": _video_modalities(datasets[0], preset.video), "state": {}, "action": {}}
+    for (group, name), chunks in collected.items():
+        stats = compute_key_stats(np.concatenate(chunks, axis=0))
+        statistics[group][name] = stats.to_dict()
+        relative = group == "action" and name in preset.relative
+        modalities[group][name] = {"absolute": not relative, "rotation_type": None, "shape": [stats.dim],
+                                   "continuous": True}  # fmt: skip
+    entry = {"statistics": statistics, "modalities": modalities, "embodiment_tag": tag}
+    if action_bounds != DEFAULT_BOUNDS:
+        entry["normalisation_bounds"] = {"action": action_bounds}
+    return {tag: entry}
+
+
+def _collect_values(
+    dataset: LeRobotDataset,
+    preset: DatasetPreset,
+    tag: str,
+    max_episodes: int | None,
+    frame_stride: int,
+    progress: bool,
+    collected: dict[tuple[str, str], list[np.ndarray]],
+) -> None:
+    """Append one dataset's state and action values (relative actions as deltas) to `collected`, per (group, name)."""
     state_slices, action_slices = dataset.resolve_slices(preset)
     for group, slices in (("state", state_slices), ("action", action_slices)):
         names = [s.name for s in slices]
@@ -105,10 +139,6 @@ def compute_metadata(
         raise ConfigError(f"{dataset.root} has no episodes")
     if frame_stride < 1:
         raise ConfigError(f"frame_stride must be >= 1, got {frame_stride}")
-    if action_bounds not in BOUNDS:
-        raise ConfigError(f"action_bounds is {action_bounds!r}; use one of {sorted(BOUNDS)}")
-
-    collected: dict[tuple[str, str], list[np.ndarray]] = {}
     for episode in iterate(episodes, desc=f"{tag}: episodes", unit="ep", enabled=progress):
         frames = dataset.episode_columns(episode, columns)
         values = {("state", s.name): s.take(frames[s.column]) for s in state_slices}
@@ -128,19 +158,6 @@ def compute_metadata(
         values = {key: v[::frame_stride] for key, v in values.items()} | relative
         for key, v in values.items():
             collected.setdefault(key, []).append(v)
-
-    statistics: dict[str, dict[str, Any]] = {"state": {}, "action": {}}
-    modalities: dict[str, Any] = {"video": _video_modalities(dataset, preset.video), "state": {}, "action": {}}
-    for (group, name), chunks in collected.items():
-        stats = compute_key_stats(np.concatenate(chunks, axis=0))
-        statistics[group][name] = stats.to_dict()
-        relative = group == "action" and name in preset.relative
-        modalities[group][name] = {"absolute": not relative, "rotation_type": None, "shape": [stats.dim],
-                                   "continuous": True}  # fmt: skip
-    entry = {"statistics": statistics, "modalities": modalities, "embodiment_tag": tag}
-    if action_bounds != DEFAULT_BOUNDS:
-        entry["normalisation_bounds"] = {"action": action_bounds}
-    return {tag: entry}
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -53,7 +53,12 @@ def _parser() -> argparse.ArgumentParser:
         default=d.embodiment,
         help="embodiment tag: columns, normalisation, canvas (default: %(default)s)",
     )
-    p.add_argument("--metadata", default=None, help="metadata.json to normalise with (default: from the dataset)")
+    p.add_argument(
+        "--metadata",
+        default=None,
+        help="metadata.json to normalise with (default: computed from the datasets, all of one embodiment together); "
+        "a mixture of one embodiment takes it for every dataset",
+    )
     p.add_argument(
         "--action-bounds",
         choices=sorted(BOUNDS),
@@ -187,7 +192,13 @@ def _dataset_specs(args) -> list[DatasetSpec]:
         raise ConfigError("dataset: give --dataset (repeatable) or --dataset-spec, one of them")
     specs = read_mixture_spec(args.dataset_spec) if args.dataset_spec else [parse_dataset_arg(d) for d in args.dataset]
     if len(specs) > 1 and args.metadata is not None:
-        raise ConfigError("metadata: a mixture takes one metadata file per dataset (--dataset-spec `metadata:`)")
+        tags = {s.embodiment or args.embodiment for s in specs}
+        if len(tags) > 1:
+            raise ConfigError(
+                f"metadata: this mixture has {len(tags)} embodiment tags; give one metadata file per dataset "
+                "(--dataset-spec `metadata:`)"
+            )
+        specs = [dataclasses.replace(s, metadata=s.metadata or args.metadata) for s in specs]  # one tag: one file
     return specs
 
 

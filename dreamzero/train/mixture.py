@@ -12,7 +12,8 @@ Each clip of a batch picks its dataset with probability weight / sum(weights), t
 dataset does (`ClipSampler`). Each dataset's clips go through its own embodiment (columns, normalisation, views,
 canvas), and `encode_clips` resizes every canvas to the model's input size, so datasets whose canvases differ train
 together. The checkpoint's metadata.json holds an entry per embodiment tag, so serving each robot reads its own.
-Datasets that share a tag share the statistics of the first of them (its metadata file, else computed from it).
+Datasets that share a tag share one set of statistics: the metadata file of the first of them that names one, else
+computed over all of them together (so no dataset's range is clamped to another's).
 
 Action projector: the DiT's state encoder / action encoder and decoder are category-specific layers, but the
 model (as upstream builds and serves it) has one category, and every sample's embodiment selects it; the padded
@@ -33,7 +34,8 @@ from dreamzero.train.data import Clip, ClipSampler
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    """One dataset of a mixture. `embodiment` None: the run's --embodiment; `metadata` None: computed from it."""
+    """One dataset of a mixture. `embodiment` None: the run's --embodiment; `metadata` None: computed (with the other
+    datasets of its tag)."""
 
     path: str
     weight: float = 1.0

@@ -127,8 +127,9 @@ class TrainConfig:
 
 
 def _metadata_for(cfg: TrainConfig) -> dict:
-    """The statistics of every embodiment the run trains: per dataset its metadata file, else computed from it (the
-    first dataset of a tag gives that tag's statistics)."""
+    """The statistics of every embodiment the run trains: per tag the metadata file of its first dataset that names
+    one, else computed over all its datasets together (a mixture of several recordings of one robot is normalised by
+    the range of all of them: the first's alone clamps what the others reach beyond it)."""
     from dreamzero.lerobot_dataset import LeRobotDataset, get_preset
     from dreamzero.metadata import read_metadata_file
     from dreamzero.metadata_cli import compute_metadata
@@ -138,17 +139,17 @@ def _metadata_for(cfg: TrainConfig) -> dict:
         metadata = read_metadata_file(specs[0].metadata)
     else:
         metadata = {}
-        for spec in specs:
-            if spec.embodiment in metadata:
-                continue
-            if spec.metadata is not None:
-                found = read_metadata_file(spec.metadata)
-                if spec.embodiment not in found:
-                    raise ConfigError(f"metadata {spec.metadata} has no embodiment tag {spec.embodiment!r}")
-                metadata[spec.embodiment] = found[spec.embodiment]
+        for tag in dict.fromkeys(s.embodiment for s in specs):
+            of_tag = [s for s in specs if s.embodiment == tag]
+            named = next((s.metadata for s in of_tag if s.metadata is not None), None)
+            if named is not None:
+                found = read_metadata_file(named)
+                if tag not in found:
+                    raise ConfigError(f"metadata {named} has no embodiment tag {tag!r}")
+                metadata[tag] = found[tag]
             else:
-                computed = compute_metadata(LeRobotDataset(spec.path), get_preset(spec.embodiment), progress=False)
-                metadata.update(computed)
+                datasets = [LeRobotDataset(s.path) for s in of_tag]
+                metadata.update(compute_metadata(datasets, get_preset(tag), progress=False))
     if cfg.action_bounds is not None:
         for tag in dict.fromkeys(s.embodiment for s in specs):
             entry = metadata.get(tag)

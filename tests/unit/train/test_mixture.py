@@ -88,3 +88,40 @@ def test_the_cli_reads_weights_and_a_yaml_spec(datasets, tmp_path, capsys):
     (tmp_path / "bad.yaml").write_text("datasets:\n  - {path: x, wieght: 2}\n")
     with pytest.raises(ConfigError, match="unknown keys"):
         read_mixture_spec(tmp_path / "bad.yaml")
+
+
+def test_datasets_of_one_tag_are_normalised_by_all_their_frames(datasets, tmp_path, capsys):
+    """Two recordings of one robot: the tag's statistics span both (the first's range alone would clamp the second's
+    reach in training); `--metadata` with a mixture of one tag is that file for every dataset, and with two tags it
+    is refused, naming the field."""
+    from dreamzero.lerobot_dataset import LeRobotDataset, get_preset
+    from dreamzero.metadata_cli import compute_metadata
+    from dreamzero.train.trainer import _metadata_for
+
+    droid, _ = datasets
+    other = write_synthetic_dataset(tmp_path / "droid-2", length=60, seed=7)
+    alone = [compute_metadata(LeRobotDataset(p), get_preset("oxe_droid"), progress=False)["oxe_droid"]
+             for p in (droid, other)]  # fmt: skip
+    mixture = [{"path": str(droid), "embodiment": "oxe_droid"}, {"path": str(other), "embodiment": "oxe_droid"}]
+    cfg = TrainConfig(dataset=str(droid), out=str(tmp_path / "run"), mixture=mixture)
+    both = _metadata_for(cfg)["oxe_droid"]["statistics"]["action"]
+    for name, stats in both.items():
+        lo = np.minimum(*(np.asarray(a["statistics"]["action"][name]["min"]) for a in alone))
+        hi = np.maximum(*(np.asarray(a["statistics"]["action"][name]["max"]) for a in alone))
+        np.testing.assert_allclose(stats["min"], lo, rtol=1e-6)
+        np.testing.assert_allclose(stats["max"], hi, rtol=1e-6)
+    first = alone[0]["statistics"]["action"]
+    assert any(not np.allclose(both[n]["max"], first[n]["max"]) for n in both)  # the second reaches past the first
+
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps({"oxe_droid": alone[0]}))
+    common = ["--out", str(tmp_path / "cli"), "--steps", "1", "--batch-size", "2", "--blocks", "1"]
+    assert main(["--dataset", str(droid), "--dataset", str(other), "--metadata", str(meta), *common]) == 0
+    ckpt = tmp_path / "cli" / (tmp_path / "cli" / LATEST_FILE).read_text().strip()
+    written = json.loads((ckpt / "experiment_cfg" / "metadata.json").read_text())["oxe_droid"]
+    assert written["statistics"]["action"] == alone[0]["statistics"]["action"]
+    _, franka = datasets
+    two_tags = ["--dataset", str(droid), "--dataset", f"{franka}:1:franka_pnp", "--metadata", str(meta), *common]
+    capsys.readouterr()
+    assert main(two_tags) == 2
+    assert "metadata: this mixture has 2 embodiment tags" in capsys.readouterr().err
