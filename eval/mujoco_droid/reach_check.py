@@ -1,10 +1,11 @@
-"""Where does a policy send the tool? A teacher-forced check on recorded scene-1 demonstrations, without a simulation.
+"""Where does a policy send the tool? A teacher-forced check on recorded demonstrations, without a simulation.
 
 `python -m eval.mujoco_droid.reach_check --model-path <checkpoint or embedded:name> --dataset <demos> --episodes 30:50`
 (`--pipeline '{"sigma_shift": 12.0}'` screens inference-loop knobs the same way)
 
 For each episode, one session asks the policy for chunk 1 at frame 0 and chunk 2 at frame 24, fed exactly what the
-DROID client sends (the first frame, then frames 1, 8, 16, 24 with the state at 24: the expert's, not the policy's).
+DROID client sends (the first frame, then frames 1, 8, 16, 24 with the state at 24: the expert's, not the policy's)
+and the episode's own instruction (its LeRobot task: in scene 4 it names the object and the target).
 Each chunk's last joint target goes through the arm's forward kinematics and is compared with the expert's target at
 the same step. Per chunk it prints JSON: the mean horizontal error (cm) against the error of always answering the
 mean expert endpoint, the correlation and slope of predicted on expert endpoint per axis, and the mean offset.
@@ -63,7 +64,8 @@ def _stats(pred: np.ndarray, expert: np.ndarray) -> dict:
 def reach_check(policy_for: Callable[[int], object], dataset_root: str | Path, episodes: Sequence[int]) -> list[dict]:
     """Stats per chunk (1, 2) and group ("all", and "detour" / "straight" when both have 3+ episodes).
 
-    policy_for(episode) -> an object with the policy interface (`infer(observation, session_id, reset=, seed=)`).
+    policy_for(episode) -> an object with the policy interface (`infer(observation, session_id, instructions=, reset=,
+    seed=)`).
     """
     import mujoco
 
@@ -82,9 +84,11 @@ def reach_check(policy_for: Callable[[int], object], dataset_root: str | Path, e
 
     rows = []
     try:
+        tasks = dataset.tasks()
         for ep in episodes:
-            cols = dataset.episode_columns(ep, ["observation.state", "action"])
+            cols = dataset.episode_columns(ep, ["observation.state", "action", "task_index"])
             state, action = cols["observation.state"], cols["action"]
+            instruction = tasks[int(cols["task_index"][0, 0])]
             if len(action) < 48:
                 raise ConfigError(f"episodes: episode {ep} has {len(action)} steps, the check needs 48")
             videos = {c: read_video(root / "videos" / f"observation.images.{c}" / "chunk-000" / f"file-{ep:03d}.mp4")
@@ -94,7 +98,8 @@ def reach_check(policy_for: Callable[[int], object], dataset_root: str | Path, e
                 obs = {f"video.{c}": videos[c][frames[0]] if len(frames) == 1 else videos[c][frames] for c in CAMERAS}
                 obs["state.joint_position"] = state[t, :7].astype(np.float64)
                 obs["state.gripper_position"] = state[t, 7:8].astype(np.float64)
-                chunk = np.asarray(policy.infer(obs, f"episode-{ep}", reset=k == 0, seed=0).actions)
+                reply = policy.infer(obs, f"episode-{ep}", instructions=instruction, reset=k == 0, seed=0)
+                chunk = np.asarray(reply.actions)
                 ends.append((tcp(chunk[23]), tcp(action[t + 23])))
             rows.append((layouts.get(ep, {}).get("detour_reach_xy") is not None, ends))
     finally:
@@ -117,8 +122,8 @@ class ExpertThroughBounds:
     def __init__(self, replay, embodiment):
         self.replay, self.norm = replay, embodiment.action_normalisers["action.joint_position"]
 
-    def infer(self, observation: dict, session_id: str, reset: bool = False, seed: int | None = None):
-        result = self.replay.infer(observation, session_id, reset=reset, seed=seed)
+    def infer(self, observation: dict, session_id: str, instructions=None, reset: bool = False, seed: int | None = None):
+        result = self.replay.infer(observation, session_id, instructions=instructions, reset=reset, seed=seed)
         actions = np.array(result.actions, np.float64)
         joints = np.asarray(observation["state.joint_position"], np.float64)
         actions[:, :7] = joints + self.norm.unnormalise(self.norm.normalise(actions[:, :7] - joints))
@@ -140,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="inference-loop overrides for --model-path, e.g. '{\"sigma_shift\": 12.0}' (screen knobs before shipping)",
     )
-    parser.add_argument("--dataset", required=True, help="scene-1 demonstrations (use episodes the model never saw)")
+    parser.add_argument("--dataset", required=True, help="recorded demonstrations (use episodes the model never saw)")
     parser.add_argument("--episodes", default=None, help="START:STOP (default: all)")
     args = parser.parse_args(argv)
     if args.pipeline is not None and args.expert_through is not None:

@@ -13,6 +13,7 @@ pytest.importorskip("mujoco")
 pytest.importorskip("franky_sim")
 pytest.importorskip("imageio_ffmpeg")
 
+from dreamzero.lerobot_dataset import LeRobotDataset
 from dreamzero.policy import ReplayPolicy
 from eval.mujoco_droid.reach_check import main, reach_check
 from eval.mujoco_droid.record import record_demos
@@ -35,16 +36,23 @@ def test_a_policy_replaying_the_expert_scores_zero(demos):
 
 
 class _Hold:
-    """Answers every query with the current joints: the tool stays where it is."""
+    """Answers every query with the current joints: the tool stays where it is. Keeps the instructions it was given."""
 
-    def infer(self, observation, session_id, reset=False, seed=None):
+    def __init__(self):
+        self.instructions = []
+
+    def infer(self, observation, session_id, instructions=None, reset=False, seed=None):
+        self.instructions.append(instructions)
         q = np.append(observation["state.joint_position"], 0.0)
         return type("R", (), {"actions": np.tile(q, (24, 1))})()
 
 
 def test_a_policy_that_does_not_move_is_off_by_the_expert_reach(demos):
-    rows = reach_check(lambda ep: _Hold(), demos, range(3))
+    hold = _Hold()
+    rows = reach_check(lambda ep: hold, demos, range(3))
     assert rows[0]["error_cm"] > 5.0 and rows[0]["corr_xy"] == [None, None]  # the same home pose in every layout
+    tasks = LeRobotDataset(demos).tasks()
+    assert len(hold.instructions) == 6 and set(hold.instructions) <= set(tasks.values())  # each episode's own task
 
 
 def test_the_cli_runs_a_model_and_names_a_bad_range(demos, capsys):
