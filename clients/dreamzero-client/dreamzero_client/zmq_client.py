@@ -148,15 +148,13 @@ class ZmqPolicyClient:
                 return self.socket.recv()
         unverified = self._handshake_closed and not self._handshake_ok
         self._connect()  # a REQ socket that missed its reply cannot send again
-        if unverified and self._curve is not None:  # the server closed every CURVE handshake: it could not read ours
+        if unverified:  # the server closed every handshake: it could not read ours (CURVE), or a loaded CURVE server
+            # reset a plain client's connection before its greeting was read
             raise SecureChannelError(
                 f"ZeroMQ CURVE: {self.endpoint} closed the handshake within {self.timeout_ms} ms: is server_key the "
-                "server's public key, and does the server use CURVE?",
-                "handshake closed",
-            )
-        if unverified:  # a CURVE server that resets the connection before its greeting is read (a loaded host)
-            raise SecureChannelError(
-                f"ZeroMQ: {self.endpoint} closed every handshake within {self.timeout_ms} ms: does the server "
+                "server's public key, and does the server use CURVE?"
+                if self._curve is not None
+                else f"ZeroMQ: {self.endpoint} closed every handshake within {self.timeout_ms} ms: does the server "
                 "require CURVE (pass server_key), and is it a ZeroMQ server?",
                 "handshake closed",
             )
