@@ -63,7 +63,8 @@ record() {
 train() {
     # stage 1: every instruction's first two chunks (where the words must pick the object before the arm moves),
     # from the shipped scene-1 weights; the statistics are scene 4's own (its targets reach past scene 1's bounds)
-    # stage 2: every chunk of the session (the grasp, the carry and the place), from stage 1 with its statistics
+    # stage 2: first chunks only, 16 a step (the one place where only the words and the images say where to reach:
+    # after stage 1, reach_check's chunk 1 was no better than a constant answer), from stage 1 with its statistics
     # (a stage already at its last step resumes there and ends at once)
     local datasets=() out common
     for out in $(parts); do datasets+=(--dataset "$out"); done
@@ -73,7 +74,7 @@ train() {
         --steps "$STEPS" --batch-size 8 --blocks 2 --lr 2e-4 --warmup-steps 50
     run "$BIN/dreamzero-train" "${common[@]}" --out "$RUN/stage2" --init "$(last_checkpoint stage1)" \
         --metadata "$(last_checkpoint stage1)/experiment_cfg/metadata.json" \
-        --steps 1000 --batch-size 4 --blocks 4 --lr 1.5e-4 --warmup-steps 20
+        --steps 1500 --batch-size 16 --blocks 1 --lr 5e-4 --warmup-steps 20
 }
 
 last_checkpoint() {

@@ -9,7 +9,9 @@ and the episode's own instruction (its LeRobot task: in scene 4 it names the obj
 Each chunk's last joint target goes through the arm's forward kinematics and is compared with the expert's target at
 the same step. Per chunk it prints JSON: the mean horizontal error (cm) against the error of always answering the
 mean expert endpoint, the correlation and slope of predicted on expert endpoint per axis, and the mean offset.
-Chunk 1 starts from the same home pose in every layout, so only the images can place it; chunk 2 shows whether the
+Chunk 1 starts from the same home pose in every layout, so only the images (and in scene 4 the words) can place it;
+on scene-4 recordings each chunk also says how often its endpoint is nearer the object the instruction names than the
+other object (`named_object_closer`, the policy's and the expert's count). Chunk 2 shows whether the
 policy follows the state it is given (episodes recorded with `--detours` report separately: there the state after
 chunk 1 does not point at the cube). It takes about a second per episode on a CPU, against minutes for a closed-loop
 episode, which is why checkpoints are screened with it before a served evaluation.
@@ -101,7 +103,8 @@ def reach_check(policy_for: Callable[[int], object], dataset_root: str | Path, e
                 reply = policy.infer(obs, f"episode-{ep}", instructions=instruction, reset=k == 0, seed=0)
                 chunk = np.asarray(reply.actions)
                 ends.append((tcp(chunk[23]), tcp(action[t + 23])))
-            rows.append((layouts.get(ep, {}).get("detour_reach_xy") is not None, ends))
+            layout = layouts.get(ep, {})
+            rows.append((layout.get("detour_reach_xy") is not None, ends, _named_and_other(layout, instruction)))
     finally:
         env.close()
     out = []
@@ -112,8 +115,25 @@ def reach_check(policy_for: Callable[[int], object], dataset_root: str | Path, e
                 continue
             pred = np.array([r[1][chunk][0] for r in members])
             expert = np.array([r[1][chunk][1] for r in members])
-            out.append({"chunk": chunk + 1, "group": name, **_stats(pred, expert)})
+            row = {"chunk": chunk + 1, "group": name, **_stats(pred, expert)}
+            if named := [(r[1][chunk], r[2]) for r in members if r[2] is not None]:
+                # scene 4: how often the endpoint is nearer the object the words name than the other one
+                closer = [[np.linalg.norm(e[:2] - a) < np.linalg.norm(e[:2] - b) for e in ends] for ends, (a, b) in named]
+                row["named_object_closer"] = {"policy": sum(c[0] for c in closer), "expert": sum(c[1] for c in closer),
+                                              "episodes": len(named)}  # fmt: skip
+            out.append(row)
     return out
+
+
+def _named_and_other(layout: dict, instruction: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(xy of the object the instruction names, xy of the other) where the layout places both (scene 4), else None."""
+    from eval.mujoco_droid.table2 import INSTRUCTIONS, task_for
+
+    if instruction not in INSTRUCTIONS:
+        return None
+    task = task_for(instruction)
+    named, other = layout.get(f"{task.object_name}_xy"), layout.get(f"{task.other_object}_xy")
+    return None if named is None or other is None else (np.asarray(named), np.asarray(other))
 
 
 class ExpertThroughBounds:

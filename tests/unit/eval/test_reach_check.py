@@ -93,3 +93,16 @@ def test_the_expert_through_percentile_bounds_falls_short_and_through_min_max_do
     assert errors["q01_q99"][0] > 0.1  # the clamp cuts the end of the first reach
     with pytest.raises(SystemExit):  # a model and the expert at once
         main(["--expert-through", "x.json", "--model-path", "embedded:small-scene1", "--dataset", str(demos)])
+
+
+def test_on_scene_4_it_counts_endpoints_nearer_the_named_object(demos, tmp_path):
+    """Scene 4 (two objects): each chunk says how often its endpoint is nearer the object the words name; a policy
+    replaying the expert scores the expert's count. Scene-1 recordings (one object) carry no such count."""
+    scene4 = tmp_path / "scene4"
+    record_demos(scene4, 2, seed=5, image_size=(64, 112), render_quality="fast", scene=4, instruction="all")
+    rows = reach_check(lambda ep: ReplayPolicy(scene4, ep), scene4, range(2))
+    for row in rows:
+        named = row["named_object_closer"]
+        assert named["episodes"] == 2 and named["policy"] == named["expert"], row
+    assert rows[1]["named_object_closer"]["expert"] == 2  # by chunk 2 the expert is at the object it was told
+    assert all("named_object_closer" not in r for r in reach_check(lambda ep: ReplayPolicy(demos, ep), demos, [0]))
