@@ -75,6 +75,11 @@ train() {
     run "$BIN/dreamzero-train" "${common[@]}" --out "$RUN/stage2" --init "$(last_checkpoint stage1)" \
         --metadata "$(last_checkpoint stage1)/experiment_cfg/metadata.json" \
         --steps 1500 --batch-size 16 --blocks 1 --lr 5e-4 --warmup-steps 20
+    # stage 3: more first chunks on a longer schedule (stage 2 tripled how much the words move chunk 1, still far
+    # short of the expert's reach to one object or the other); stops at 2000 of 4000 as the scene-1 stage 3 did
+    run "$BIN/dreamzero-train" "${common[@]}" --out "$RUN/stage3" --init "$(last_checkpoint stage2)" \
+        --metadata "$(last_checkpoint stage1)/experiment_cfg/metadata.json" \
+        --steps 4000 --stop-at 2000 --batch-size 16 --blocks 1 --lr 5e-4 --warmup-steps 20
 }
 
 last_checkpoint() {
@@ -87,7 +92,7 @@ evaluate() {
     # last stage trained) picks the checkpoint
     local ckpt port=${PORT:-8000} log="$RUN/serve.log" stage=${EVAL_STAGE:-}
     if [[ -z $stage ]]; then
-        for stage in stage2 stage1; do [[ -f $RUN/$stage/latest ]] && break; done
+        for stage in stage3 stage2 stage1; do [[ -f $RUN/$stage/latest ]] && break; done
     fi
     ckpt=$(last_checkpoint "$stage")
     sed -e "s/^  port: 8000$/  port: $port/" -e "s#model_path: .*#model_path: $PWD/$ckpt#" serve_config.yaml \

@@ -118,7 +118,8 @@ def reach_check(policy_for: Callable[[int], object], dataset_root: str | Path, e
             row = {"chunk": chunk + 1, "group": name, **_stats(pred, expert)}
             if named := [(r[1][chunk], r[2]) for r in members if r[2] is not None]:
                 # scene 4: how often the endpoint is nearer the object the words name than the other one
-                closer = [[np.linalg.norm(e[:2] - a) < np.linalg.norm(e[:2] - b) for e in ends] for ends, (a, b) in named]
+                closer = [[bool(np.linalg.norm(e[:2] - a) < np.linalg.norm(e[:2] - b)) for e in ends]
+                          for ends, (a, b) in named]  # fmt: skip
                 row["named_object_closer"] = {"policy": sum(c[0] for c in closer), "expert": sum(c[1] for c in closer),
                                               "episodes": len(named)}  # fmt: skip
             out.append(row)
