@@ -65,21 +65,28 @@ train() {
     # from the shipped scene-1 weights; the statistics are scene 4's own (its targets reach past scene 1's bounds)
     # stage 2: first chunks only, 16 a step (the one place where only the words and the images say where to reach:
     # after stage 1, reach_check's chunk 1 was no better than a constant answer), from stage 1 with its statistics
-    # (a stage already at its last step resumes there and ends at once)
     local datasets=() out common
     for out in $(parts); do datasets+=(--dataset "$out"); done
     common=("${datasets[@]}" --num-workers "$WORKERS" --cpu-threads 1 --action-bounds min_max
         --action-loss-weight 10 --cache-encodings --start-stride 96 --save-every 100 --log-every 1)
+    # a stage whose last checkpoint is written is skipped (resuming it would load every episode to end at once)
+    done_at stage1 "$STEPS" ||
     run "$BIN/dreamzero-train" "${common[@]}" --out "$RUN/stage1" --init dreamzero/assets/models/small-scene1 \
         --steps "$STEPS" --batch-size 8 --blocks 2 --lr 2e-4 --warmup-steps 50
+    done_at stage2 1500 ||
     run "$BIN/dreamzero-train" "${common[@]}" --out "$RUN/stage2" --init "$(last_checkpoint stage1)" \
         --metadata "$(last_checkpoint stage1)/experiment_cfg/metadata.json" \
         --steps 1500 --batch-size 16 --blocks 1 --lr 5e-4 --warmup-steps 20
-    # stage 3: more first chunks on a longer schedule (stage 2 tripled how much the words move chunk 1, still far
-    # short of the expert's reach to one object or the other); stops at 2000 of 4000 as the scene-1 stage 3 did
+    # stage 3: more first chunks on a longer schedule (after stage 2 chunk 1 was still nearer the named object only
+    # about half the time); stops at 2000 of 4000 as the scene-1 stage 3 did
+    done_at stage3 2000 ||
     run "$BIN/dreamzero-train" "${common[@]}" --out "$RUN/stage3" --init "$(last_checkpoint stage2)" \
         --metadata "$(last_checkpoint stage1)/experiment_cfg/metadata.json" \
         --steps 4000 --stop-at 2000 --batch-size 16 --blocks 1 --lr 5e-4 --warmup-steps 20
+}
+
+done_at() {
+    [[ -f $RUN/$1/latest && $(cat "$RUN/$1/latest") == "$(printf 'checkpoint-%07d' "$2")" ]]
 }
 
 last_checkpoint() {
