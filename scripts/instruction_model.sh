@@ -5,12 +5,13 @@
 #                                         lossless video, as datasets of PART episodes (part k: seeds k*1000..),
 #                                         RECORDERS at a time; a part already written is kept, so an interrupted
 #                                         recording resumes where it stopped
+#   scripts/instruction_model.sh record-paired   PAIRED layouts recorded once per instruction (four datasets)
 #   scripts/instruction_model.sh train    dreamzero-train on two Ray Train workers, from the shipped small-scene1
 #                                         weights (its motion on this table), the actions' min/max bounds of scene 4
 #   scripts/instruction_model.sh eval     `serve run` of the newest checkpoint + EVAL_EPISODES held-out episodes per
 #                                         instruction through the OpenPI WebSocket, then stop it
 #   scripts/instruction_model.sh all      the three in order
-# RUN (default runs/scene4), EPISODES (200), STEPS (1500, stage 1's), WORKERS (2), EVAL_EPISODES (20) and EVAL_STAGE
+# RUN (default runs/scene4), EPISODES (200), PAIRED (25), STEPS (1500, stage 1's), WORKERS (2), EVAL_EPISODES (20), EVAL_STAGE
 # (the last stage trained) override the defaults.
 # Set NICE=19 on a shared machine. This is the recipe as far as it has run (docs/training.md says which stages ran,
 # their times and losses); later sessions add its stages.
@@ -25,10 +26,11 @@ RECORDERS=${RECORDERS:-2}
 STEPS=${STEPS:-1500}
 WORKERS=${WORKERS:-2}
 EVAL_EPISODES=${EVAL_EPISODES:-20}
+PAIRED=${PAIRED:-25}
 BIN=${BIN:-.venv/bin}
 export OMP_NUM_THREADS=1 MUJOCO_GL=${MUJOCO_GL:-egl} RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 run() { nice -n "${NICE:-0}" "$@"; }
-for knob in EPISODES PART RECORDERS STEPS WORKERS EVAL_EPISODES; do
+for knob in EPISODES PART RECORDERS STEPS WORKERS EVAL_EPISODES PAIRED; do
     [[ ${!knob} =~ ^[1-9][0-9]*$ ]] || { echo "$knob=${!knob}: give a positive whole number" >&2; exit 2; }
 done
 # part k records from seed k*1000: at most 100 parts, below the held-out seeds (100000 on)
@@ -54,6 +56,24 @@ record() {
     local out pids=()
     for out in $(parts); do
         record_part "$out" &
+        pids+=($!)
+        if ((${#pids[@]} >= RECORDERS)); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
+    done
+    for pid in "${pids[@]}"; do wait "$pid"; done
+}
+
+record_paired() {
+    # PAIRED layouts (seeds 900000..), each recorded once per instruction: four datasets whose first frames are the
+    # same and whose targets differ, so only the words tell them apart (a layout the mixture holds once can be
+    # learned by heart, with its object, instead of the instruction)
+    mkdir -p "$RUN/demos"
+    local i instruction out pids=()
+    for i in 0 1 2 3; do
+        instruction=$("$BIN/python" -c "from eval.mujoco_droid.table2 import INSTRUCTIONS; print(INSTRUCTIONS[$i])")
+        out="$RUN/demos/paired-$i"
+        [[ -e $out/meta/info.json ]] && continue
+        (rm -rf "$out.tmp" && run "$BIN/dreamzero-record-demos" --out "$out.tmp" --scene 4 --instruction "$instruction" \
+            --episodes "$PAIRED" --seed 900000 --image-size 90 160 --video lossless && mv "$out.tmp" "$out") &
         pids+=($!)
         if ((${#pids[@]} >= RECORDERS)); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
     done
@@ -111,8 +131,9 @@ evaluate() {
 
 case "${1:-all}" in
     record) record ;;
+    record-paired) record_paired ;;
     train) train ;;
     eval) evaluate ;;
     all) record && train && evaluate ;;
-    *) echo "usage: $0 {record|train|eval|all}" >&2; exit 2 ;;
+    *) echo "usage: $0 {record|record-paired|train|eval|all}" >&2; exit 2 ;;
 esac
