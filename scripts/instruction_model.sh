@@ -11,8 +11,8 @@
 #   scripts/instruction_model.sh eval     `serve run` of the newest checkpoint + EVAL_EPISODES held-out episodes per
 #                                         instruction through the OpenPI WebSocket, then stop it
 #   scripts/instruction_model.sh all      the three in order
-# RUN (default runs/scene4), EPISODES (200), PAIRED (25), STEPS (1500, stage 1's), WORKERS (2), EVAL_EPISODES (20), EVAL_STAGE
-# (the last stage trained) override the defaults.
+# RUN (default runs/scene4), EPISODES (200), PAIRED (25), STEPS (1500, stage 1's), WORKERS (2), EVAL_EPISODES (20)
+# and EVAL_STAGE (the last stage trained) override the defaults.
 # Set NICE=19 on a shared machine. This is the recipe as far as it has run (docs/training.md says which stages ran,
 # their times and losses); later sessions add its stages.
 set -euo pipefail
