@@ -72,8 +72,9 @@ record_paired() {
         instruction=$("$BIN/python" -c "from eval.mujoco_droid.table2 import INSTRUCTIONS; print(INSTRUCTIONS[$i])")
         out="$RUN/demos/paired-$i"
         [[ -e $out/meta/info.json ]] && continue
-        (rm -rf "$out.tmp" && run "$BIN/dreamzero-record-demos" --out "$out.tmp" --scene 4 --instruction "$instruction" \
-            --episodes "$PAIRED" --seed 900000 --image-size 90 160 --video lossless && mv "$out.tmp" "$out") &
+        (rm -rf "$out.tmp" && run "$BIN/dreamzero-record-demos" --out "$out.tmp" --scene 4 \
+            --instruction "$instruction" --episodes "$PAIRED" --seed 900000 --image-size 90 160 --video lossless &&
+            mv "$out.tmp" "$out") &
         pids+=($!)
         if ((${#pids[@]} >= RECORDERS)); then wait "${pids[0]}"; pids=("${pids[@]:1}"); fi
     done
