@@ -143,7 +143,7 @@ class ExpertThroughBounds:
     def __init__(self, replay, embodiment):
         self.replay, self.norm = replay, embodiment.action_normalisers["action.joint_position"]
 
-    def infer(self, observation: dict, session_id: str, instructions=None, reset: bool = False, seed: int | None = None):
+    def infer(self, observation: dict, session_id: str, instructions=None, reset=False, seed: int | None = None):
         result = self.replay.infer(observation, session_id, instructions=instructions, reset=reset, seed=seed)
         actions = np.array(result.actions, np.float64)
         joints = np.asarray(observation["state.joint_position"], np.float64)
