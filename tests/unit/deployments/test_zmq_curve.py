@@ -6,6 +6,9 @@ CLI."""
 
 from __future__ import annotations
 
+import socket
+import struct
+import threading
 import time
 
 import numpy as np
@@ -199,3 +202,34 @@ def test_curve_client_against_a_plain_server_says_so(keys):
     finally:
         plain.close(linger=0)
         ctx.term()
+
+
+def test_a_plain_client_whose_every_handshake_is_reset_names_curve():
+    """A CURVE server that resets the connection before the client reads its greeting shows the client no mechanism
+    mismatch, only closed handshakes: that is a secure-channel error naming CURVE, not a silent
+    timeout."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    port, stop = listener.getsockname()[1], threading.Event()
+
+    def reset_every_connection() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(2)
+            conn.recv(10)  # the client's ZMTP signature
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+            conn.close()
+
+    thread = threading.Thread(target=reset_every_connection, daemon=True)
+    thread.start()
+    try:
+        with ZmqPolicyClient("127.0.0.1", port, timeout_s=1.0) as client:
+            with pytest.raises(SecureChannelError, match="closed every handshake .* require CURVE"):
+                client.ping()
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
