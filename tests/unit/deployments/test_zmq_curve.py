@@ -28,7 +28,9 @@ from tests.support.zmq_door import TOKEN, start_zmq_door
 
 #: how long a refused peer waits for a reply that must not come
 SILENCE_S = 1.5
-REPLY_TIMEOUT_S = 90  # a refusal must come long before it (a third of it, on a CPU loaded to 40+ once: 20 s)
+#: a refusal must come well before it (half of it): idle, a refusal takes 0.2-1.5 s; in CI runs beside the cluster
+#: and rehearsal tests (load average 100+) they took 17-31 s, for a cause not yet found (docs/testing.md)
+REPLY_TIMEOUT_S = 120
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +112,7 @@ def test_curve_door_with_an_allow_list(episode_dir, keys):
                 t0 = time.monotonic()
                 with pytest.raises(SecureChannelError) as refused:
                     client.ping()
-                # unloaded it takes 0.2-1.5 s (a mismatch) or a few ms (ZAP); a loaded CI machine once took 5.1 s
-                assert time.monotonic() - t0 < REPLY_TIMEOUT_S / 3, "the refusal waited for the reply timeout"
+                assert time.monotonic() - t0 < REPLY_TIMEOUT_S / 2, "the refusal waited for the reply timeout"
                 assert message in str(refused.value) and refused.value.reason == reason
         # the wrong server key: the server cannot read the client's hello and closes; said at the reply timeout
         with ZmqPolicyClient("127.0.0.1", port, SILENCE_S, TOKEN, server_key=keys["stranger"][0]) as client:
@@ -139,7 +140,7 @@ def test_curve_door_without_an_allow_list_takes_any_key_holder(episode_dir, keys
             t0 = time.monotonic()
             with pytest.raises(SecureChannelError, match="requires? CURVE"):
                 client.ping()
-            assert time.monotonic() - t0 < REPLY_TIMEOUT_S / 3
+            assert time.monotonic() - t0 < REPLY_TIMEOUT_S / 2
     finally:
         _stop(door, loop, thread)
 
@@ -198,7 +199,7 @@ def test_curve_client_against_a_plain_server_says_so(keys):
             t0 = time.monotonic()
             with pytest.raises(SecureChannelError, match=r"failed: the server does not use CURVE$"):
                 client.ping()
-            assert time.monotonic() - t0 < REPLY_TIMEOUT_S / 3
+            assert time.monotonic() - t0 < REPLY_TIMEOUT_S / 2
     finally:
         plain.close(linger=0)
         ctx.term()
