@@ -323,32 +323,29 @@ def test_rotating_keys_through_the_ingress_user_config(http, app, key_file):
     from ray import serve
     from ray.serve.schema import ServeDeploySchema
 
+    def deploy_until(schema: dict, status: int, why: str) -> None:
+        """Deploy `schema` and wait until team-c's key gets `status`."""
+        started = time.time()
+        serve.context._get_global_client().deploy_apps(ServeDeploySchema(applications=[schema]))
+        wait_deployed(started, DEPLOY_TIMEOUT_S)
+        deadline = time.monotonic() + 60
+        while post(http, app, "team-c-key-0", ["c"]).status_code != status:
+            assert time.monotonic() < deadline, why
+            time.sleep(0.5)
+
     robot = Robot(http, app, "team-a", "live-config")
     robot.step()
     before = policy_actor()
     ingress = {"name": "Ingress", "user_config": {"api_keys": {"team-c": digest("team-c-key-0")}}}
     schema = {"name": APP, "route_prefix": "/", "import_path": IMPORT_PATH, "args": tenant_args(key_file),
               "deployments": [ingress]}  # fmt: skip
-    started = time.time()
     try:
-        serve.context._get_global_client().deploy_apps(ServeDeploySchema(applications=[schema]))
-        wait_deployed(started, DEPLOY_TIMEOUT_S)
-        deadline = time.monotonic() + 60
-        while post(http, app, "team-c-key-0", ["c"]).status_code != 200:
-            assert time.monotonic() < deadline, "team-c's key did not take effect"
-            time.sleep(0.5)
+        deploy_until(schema, 200, "team-c's key did not take effect")
         robot.step()
         assert robot.continued() and policy_actor() == before
         assert decode(post(http, app, "team-c-key-0", ["c"], t=4).content)["sessions"][0]["step"] == 2
         # the operator removes the user_config again: the args keys come back in place (team-c's key is refused)
-        schema["deployments"] = []
-        started = time.time()
-        serve.context._get_global_client().deploy_apps(ServeDeploySchema(applications=[schema]))
-        wait_deployed(started, DEPLOY_TIMEOUT_S)
-        deadline = time.monotonic() + 60
-        while post(http, app, "team-c-key-0", ["c"]).status_code != 401:
-            assert time.monotonic() < deadline, "team-c's key outlived the removed user_config"
-            time.sleep(0.5)
+        deploy_until({**schema, "deployments": []}, 401, "team-c's key outlived the removed user_config")
         robot.step()
         assert robot.continued() and policy_actor() == before
     finally:
