@@ -81,7 +81,12 @@ class LedgerLink:
                 self.others = await asyncio.wait_for(
                     self._handle().report.remote(self.replica, self._counts()), LEDGER_TIMEOUT_S
                 )
-            except Exception as exc:  # noqa: BLE001 - the ledger died with its owner or is slow: recreate next time
+            except TimeoutError:
+                # slow (a ledger still starting takes seconds under load): keep the handle, since dropping the last
+                # one ends the actor, and a ledger recreated on every timeout would never answer
+                log.warning("tenant ledger %s slow: counting this replica's sessions only", self.name)
+                self.others = {}
+            except Exception as exc:  # noqa: BLE001 - the ledger died with its owner: recreate it next time
                 log.warning("tenant ledger %s unreachable (%s): counting this replica's sessions only", self.name,
                             type(exc).__name__)  # fmt: skip
                 self._actor, self.others = None, {}

@@ -392,3 +392,37 @@ def test_ledger_link_refreshes_at_most_once_a_period_and_fails_open(caplog):
     with caplog.at_level(logging.WARNING, "dreamzero.serve.tenants"):
         asyncio.run(link.refresh())
     assert link.others == {} and "counting this replica's sessions only" in caplog.text
+
+
+def test_a_slow_ledger_keeps_its_handle_and_a_dead_one_is_recreated(monkeypatch):
+    """A ledger still starting (seconds under load) must not be dropped on a timeout: dropping the last handle ends
+    a non-detached actor, so a ledger recreated on every timeout would never answer."""
+    import asyncio
+
+    from deployments import tenant_ledger
+    from deployments.tenant_ledger import LedgerLink
+
+    monkeypatch.setattr(tenant_ledger, "LEDGER_TIMEOUT_S", 0.05)
+    clock = Clock()
+
+    class Actor:
+        def __init__(self, answer):
+            self.answer = answer
+            self.report = self
+
+        def remote(self, replica, counts):
+            return self.answer()
+
+    async def slow():
+        await asyncio.sleep(5)
+
+    async def dead():
+        raise ConnectionError("the ledger's owner died")
+
+    link = LedgerLink("ledger", "me", lambda: {"farm": 1}, clock=clock)
+    link._actor = starting = Actor(slow)
+    asyncio.run(link.refresh())
+    assert link._actor is starting and link.others == {}
+    link._actor, clock.now = Actor(dead), 1.5
+    asyncio.run(link.refresh())
+    assert link._actor is None and link.others == {}
