@@ -11,7 +11,7 @@
     client = ZmqPolicyClient("robot-host", 5555, server_key="keys/server.key", client_key_file="keys/robot.key_secret")
 
 A socket monitor watches the handshake: a server that refuses this client's CURVE key, or speaks another security
-mechanism, raises `SecureChannelError` at once instead of a silent wait. Needs the `zmq` extra (pyzmq).
+mechanism, or closes every handshake, raises `SecureChannelError` at once instead of a silent wait. Needs `zmq`.
 """
 
 from __future__ import annotations
@@ -33,19 +33,19 @@ from dreamzero_client.errors import (
 )
 from dreamzero_client.wire import generations, rldx
 
+#: handshakes closed in a row (~0.1 s apart; a CURVE server that resets a plain client, or cannot read its hello)
+CLOSED_HANDSHAKES = 10
+
 
 def _server_error(reply: dict) -> ServerError:
     """`{"error", "code", "status", "field"}` -> the client error class HTTP clients raise for the same status."""
     status = reply.get("status") if isinstance(reply.get("status"), int) else None
     if status == 429:  # the token's tenant is over a quota; `retry_after_s` as the server said
-        wait = reply.get("retry_after_s")
-        wait = wait if isinstance(wait, (int, float)) else None
+        wait = reply.get("retry_after_s") if isinstance(reply.get("retry_after_s"), (int, float)) else None
         return QuotaExceededError(str(reply["error"]), status, reply.get("code"), reply.get("field"), reply, wait)
-    cls = ServerError
-    if status in (401, 403):
-        cls = AuthenticationError
-    elif status is not None and 400 <= status < 500:
-        cls = BadRequestError
+    cls = (
+        AuthenticationError if status in (401, 403) else BadRequestError if 400 <= (status or 0) < 500 else ServerError
+    )
     return cls(str(reply["error"]), status, reply.get("code"), reply.get("field"), reply)
 
 
@@ -104,7 +104,7 @@ class ZmqPolicyClient:
             | zmq.EVENT_HANDSHAKE_FAILED_AUTH
         )
         self.monitor = self.socket.get_monitor_socket(handshake)
-        self._handshake_ok, self._handshake_closed = False, False
+        self._handshake_ok, self._closed = False, 0
         self.socket.connect(self.endpoint)
 
     def _close_socket(self) -> None:
@@ -146,18 +146,10 @@ class ZmqPolicyClient:
                 raise refused
             if self.socket in ready:
                 return self.socket.recv()
-        unverified = self._handshake_closed and not self._handshake_ok
+        refused = self._closed_error() if self._closed and not self._handshake_ok else None
         self._connect()  # a REQ socket that missed its reply cannot send again
-        if unverified:  # the server closed every handshake: it could not read ours (CURVE), or a loaded CURVE server
-            # reset a plain client's connection before its greeting was read
-            raise SecureChannelError(
-                f"ZeroMQ CURVE: {self.endpoint} closed the handshake within {self.timeout_ms} ms: is server_key the "
-                "server's public key, and does the server use CURVE?"
-                if self._curve is not None
-                else f"ZeroMQ: {self.endpoint} closed every handshake within {self.timeout_ms} ms: does the server "
-                "require CURVE (pass server_key), and is it a ZeroMQ server?",
-                "handshake closed",
-            )
+        if refused is not None:
+            raise refused
         raise ReplyTimeout(f"no reply from {self.endpoint} within {self.timeout_ms} ms", attempts=1)
 
     def _handshake_failure(self) -> SecureChannelError | None:
@@ -171,7 +163,9 @@ class ZmqPolicyClient:
             if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._handshake_ok = True
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                self._handshake_closed = True
+                self._closed += 1
+                if self._closed >= CLOSED_HANDSHAKES and not self._handshake_ok:
+                    return self._closed_error()
             elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 return SecureChannelError(
                     f"ZeroMQ CURVE: {self.endpoint} refused this client's key (ZAP status {value}): the server "
@@ -190,6 +184,12 @@ class ZmqPolicyClient:
                     f"protocol error {value:#x}",
                 )
         return None
+
+    def _closed_error(self) -> SecureChannelError:
+        why = ("is server_key the server's public key, and does the server use CURVE?", "does the server require CURVE"
+               " (pass server_key), and is it a ZeroMQ server?")[self._curve is None]  # fmt: skip
+        n = f"{self._closed} in a row, none completed"
+        return SecureChannelError(f"ZeroMQ: {self.endpoint} closed every handshake ({n}): {why}", "handshake closed")
 
     def ping(self) -> bool:
         try:

@@ -6,6 +6,7 @@ CLI."""
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import threading
@@ -19,7 +20,7 @@ from deployments.doors.zmq import curve_allowed_clients
 from dreamzero.zmq_keys_cli import main as zmq_keys_main
 from dreamzero.zmq_keys_cli import make_key_pair
 from dreamzero_client.errors import ConfigError, SecureChannelError
-from dreamzero_client.zmq_client import ZmqPolicyClient
+from dreamzero_client.zmq_client import CLOSED_HANDSHAKES, ZmqPolicyClient
 from dreamzero_client.zmq_keys import read_public_key, read_secret_key
 from serve_graph.config import parse_app_args
 from tests.support.lerobot import DROID_MODALITY, random_episodes, write_v2
@@ -28,10 +29,12 @@ from tests.support.zmq_door import TOKEN, start_zmq_door
 
 #: how long a refused peer waits for a reply that must not come
 SILENCE_S = 1.5
-#: idle, a refusal takes 0.2-1.5 s; in CI beside the cluster and rehearsal tests it took 17-60 s (stalls of ~30 s,
-#: cause not yet found: docs/testing.md). A refusal ZeroMQ never reported would end in ReplyTimeout at this bound, so
-#: the checks of each refusal's reason, not its time, are what fail when the monitor is not read
-REPLY_TIMEOUT_S = 240
+#: a refusal takes 0.2-2 s (a loaded machine's plain client sees only reset handshakes and is told after
+#: CLOSED_HANDSHAKES of them, ~0.1 s apart); a refusal the client missed would wait for this reply timeout
+REPLY_TIMEOUT_S = 120
+#: a plain client to a CURVE server: the mismatch, or (a loaded machine) the resets before it reads the greeting
+PLAIN = ("(the server requires CURVE: pass server_key|does the server require CURVE \\(pass server_key\\))",
+         {"mechanism mismatch", "handshake closed"})  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -100,22 +103,23 @@ def test_curve_door_with_an_allow_list(episode_dir, keys):
 
         # our client names each refusal as soon as ZeroMQ reports it
         refusals = {
-            "plain": (dict(server_key=None), "the server requires CURVE: pass server_key", "mechanism mismatch"),
+            "plain": (dict(server_key=None), *PLAIN),
             "unknown key": (
                 dict(server_key=server_pub, client_key_file=keys["stranger"][1]),
-                "refused this client's key (ZAP status 400): the server lets in only the public keys in its "
-                "zmq.curve.client_keys",
-                "ZAP status 400",
+                re.escape("refused this client's key (ZAP status 400): the server lets in only the public keys in its "
+                          "zmq.curve.client_keys"),
+                {"ZAP status 400"},
             ),
-        }
-        for kwargs, message, reason in refusals.values():
+        }  # fmt: skip
+        for kwargs, message, reasons in refusals.values():
             with ZmqPolicyClient("127.0.0.1", port, REPLY_TIMEOUT_S, TOKEN, **kwargs) as client:
-                with pytest.raises(SecureChannelError) as refused:
+                t0 = time.monotonic()
+                with pytest.raises(SecureChannelError, match=message) as refused:
                     client.ping()
-                assert message in str(refused.value) and refused.value.reason == reason
+                assert refused.value.reason in reasons and time.monotonic() - t0 < REPLY_TIMEOUT_S / 2
         # the wrong server key: the server cannot read the client's hello and closes; said at the reply timeout
         with ZmqPolicyClient("127.0.0.1", port, SILENCE_S, TOKEN, server_key=keys["stranger"][0]) as client:
-            with pytest.raises(SecureChannelError, match="closed the handshake .* is server_key the server's public"):
+            with pytest.raises(SecureChannelError, match="closed every handshake .* is server_key the server's public"):
                 client.ping()
 
         # the door still serves the allowed client, on the same socket
@@ -193,7 +197,10 @@ def test_curve_client_against_a_plain_server_says_so(keys):
     port = plain.bind_to_random_port("tcp://127.0.0.1")
     try:
         with ZmqPolicyClient("127.0.0.1", port, REPLY_TIMEOUT_S, server_key=keys["server"][0]) as client:
-            with pytest.raises(SecureChannelError, match=r"failed: the server does not use CURVE$"):
+            # the mismatch, or (a loaded machine) the resets before the client reads the greeting
+            with pytest.raises(
+                SecureChannelError, match=r"(the server does not use CURVE|does the server use CURVE\?)$"
+            ):
                 client.ping()
     finally:
         plain.close(linger=0)
@@ -222,9 +229,11 @@ def test_a_plain_client_whose_every_handshake_is_reset_names_curve():
     thread = threading.Thread(target=reset_every_connection, daemon=True)
     thread.start()
     try:
-        with ZmqPolicyClient("127.0.0.1", port, timeout_s=1.0) as client:
-            with pytest.raises(SecureChannelError, match="closed every handshake .* require CURVE"):
+        with ZmqPolicyClient("127.0.0.1", port, timeout_s=REPLY_TIMEOUT_S) as client:
+            t0 = time.monotonic()
+            with pytest.raises(SecureChannelError, match=f"closed every handshake \\({CLOSED_HANDSHAKES} in a row"):
                 client.ping()
+            assert time.monotonic() - t0 < REPLY_TIMEOUT_S / 4  # told after the resets, not at the reply timeout
     finally:
         stop.set()
         thread.join(timeout=5)
