@@ -58,9 +58,10 @@ STAGE_S = {
 #: the simulated cards of the rehearsal: an 80 GB H100 and a 141 GB H200
 REHEARSAL_CARDS = ("80GiB", "141GiB")
 #: the tier tests whose outcome depends on the card's memory (the second card runs only these): the planner's batch
-#: sizes. A rehearsal's batched test times at most 2 rows on every card and its admission test sizes a device of its
-#: own, so on a second card they would repeat the first card's run (a minute of a 2-core CPU) and show nothing new
-CARD_TESTS = "planner"
+#: sizes and the served config's fit. A rehearsal's batched test times at most 2 rows on every card and its admission
+#: test sizes a device of its own, so on a second card they would repeat the first card's run (a minute of a 2-core
+#: CPU) and show nothing new
+CARD_TESTS = "planner or served_config"
 #: the smallest slot worth starting a stage in
 MIN_STAGE_S = 10.0
 LATENCY = "benchmarks/model_latency.py"

@@ -82,12 +82,14 @@ def test_the_rehearsal_of_every_stage_passes_on_both_cards(tmp_path):
     assert "Incomplete" not in text and "### Against the references" in text and "1095 ms/chunk" in text
 
 
-def test_the_old_rows_default_fails_the_serve_step(tmp_path):
+def test_the_old_rows_default_fails_the_tier_before_its_serve_run(tmp_path):
+    """The tier builds the served config first (as `serve run` does, with this card's memory plan): the defect fails
+    it there, in seconds, with the field named, where a serve run would fail the same way a minute later."""
     config = yaml.safe_load((ROOT / "serve_config.yaml").read_text())
     config["applications"][0]["args"]["batching"]["max_batch_rows"] = None  # defect 1 put back
     defective = tmp_path / "serve_config.yaml"
     defective.write_text(yaml.safe_dump(config))
-    code, last, out = rehearse(tmp_path, "--only", "tier", "--cards", "141GiB", "--tier-select", "serve_run_14b",
+    code, last, out = rehearse(tmp_path, "--only", "tier", "--cards", "141GiB", "--tier-select", "served_config",
                                "--serve-config", str(defective))  # fmt: skip
     assert code == 1 and last.startswith("gpu-check rehearsal: FAIL tier:"), out[-6000:]
     log = (tmp_path / "logs" / "tier.txt").read_text()

@@ -20,6 +20,8 @@ reports what `auto` chose: a 14B-shaped chunk runs the whole Wan 2.1 VAE on 352x
 for a session start at one DiT step and minutes at the shipped eight, against seconds at the 5B slice's 160x320.
 
 What each test shows, on CUDA / in the rehearsal:
+  - the served config, first: the 14B serve run's config builds as `serve run` builds it, memory plan of this
+    device included, so a config that cannot fit fails the tier in seconds, naming the field (skipped without Ray);
   - tiny bf16 drift: the tiny model's bf16 actions stay within 0.2 relative L2 of fp32 over four chunks (CUDA's bf16
     kernels / CPU's, which tests/unit/model/test_bf16_drift.py bounds tighter);
   - chunk at 8 and 16 steps: a continuing chunk with the 8-step DiT mask and with the DiT on all 16 steps, timed,
@@ -269,6 +271,25 @@ def models(request):
     held = Models(request)
     yield held
     held.clear()
+
+
+# --- the served config, first ----------------------------------------------------------------------------------------
+def _served_model(request) -> str:
+    """The checkpoint the 14B serve run serves: $DREAMZERO_GPU_CHECK_MODEL on CUDA if set, else the 14B slice."""
+    return (os.environ.get("DREAMZERO_GPU_CHECK_MODEL") if ON_CUDA else None) or str(
+        request.getfixturevalue("droid_checkpoint")
+    )
+
+
+def test_the_served_config_builds_on_this_card_before_any_test_runs(request):
+    """The serve run's config (as the 14B serve test changes it) is built as `serve run` builds it (`build_app`: its
+    checks, then the memory plan of this device, `serve_graph.builder.check_gpu_fit`), before the tier's other
+    tests: a config that cannot fit this card fails here in seconds, naming the field, instead of after the minutes
+    the tests before its serve run take."""
+    _require_ray()  # the builder binds Ray Serve deployments (no cluster is started)
+    from serve_graph.builder import build_app
+
+    build_app({**_shipped_args(), **_gpu_args(model_path=_served_model(request))})
 
 
 # --- in-process tests -------------------------------------------------------------------------------------------------
@@ -695,9 +716,7 @@ def test_serve_run_14b_on_one_gpu_starts_as_the_readme_says(request, tmp_path):
     from tests.support.request_builders import raw_body
     from tests.support.serve_process import ServeRun
 
-    model = (os.environ.get("DREAMZERO_GPU_CHECK_MODEL") if ON_CUDA else None) or str(
-        request.getfixturevalue("droid_checkpoint")
-    )
+    model = _served_model(request)
     with ServeRun(tmp_path, args=_gpu_args(model_path=model), config=SERVE_CONFIG, gpus=1, env=_slice_env()) as server:
         with httpx.Client(timeout=900, trust_env=False) as client:
             entry = _models_entry(client, server)

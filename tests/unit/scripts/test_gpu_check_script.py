@@ -38,7 +38,7 @@ def test_eager_and_compiled_are_separate_processes_of_the_14b_on_a_gpu():
 def test_the_rehearsal_runs_the_tier_per_card_the_second_only_for_what_depends_on_it():
     ((first,), (second,)) = commands("tier", True, "80GiB"), commands("tier", True, "141GiB")
     assert "-k" not in first and second[second.index("-k") + 1] == gpu_check.CARD_TESTS
-    assert "planner" in gpu_check.CARD_TESTS  # the batch sizes are the card's own
+    assert "planner" in gpu_check.CARD_TESTS and "served_config" in gpu_check.CARD_TESTS  # the card's own
 
 
 def test_latency_rows_must_run_as_their_mode_says():
