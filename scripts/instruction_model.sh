@@ -5,7 +5,8 @@
 #                                         lossless video, as datasets of PART episodes (part k: seeds k*1000..),
 #                                         RECORDERS at a time; a part already written is kept, so an interrupted
 #                                         recording resumes where it stopped
-#   scripts/instruction_model.sh record-paired   PAIRED layouts recorded once per instruction (four datasets)
+#   scripts/instruction_model.sh record-paired   PAIRED layouts recorded once per instruction (four datasets;
+#                                         stage 4 trains on them)
 #   scripts/instruction_model.sh train    dreamzero-train on two Ray Train workers, from the shipped small-scene1
 #                                         weights (its motion on this table), the actions' min/max bounds of scene 4
 #   scripts/instruction_model.sh eval     `serve run` of the newest checkpoint + EVAL_EPISODES held-out episodes per
@@ -13,7 +14,8 @@
 #   scripts/instruction_model.sh all      the three in order
 # RUN (default runs/scene4), EPISODES (200), PAIRED (25), STEPS (1500, stage 1's), WORKERS (2), EVAL_EPISODES (20)
 # and EVAL_STAGE (the last stage trained) override the defaults.
-# Set NICE=19 on a shared machine. This is the recipe as far as it has run (docs/training.md says which stages ran,
+# Set NICE=19 on a shared machine (it also lowers this session's autogroup, where the kernel has one: without that a
+# niced job started in its own session still takes half the CPU from another session's work). This is the recipe as far as it has run (docs/training.md says which stages ran,
 # their times and losses); later sessions add its stages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +32,7 @@ PAIRED=${PAIRED:-25}
 BIN=${BIN:-.venv/bin}
 export OMP_NUM_THREADS=1 MUJOCO_GL=${MUJOCO_GL:-egl} RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}
 run() { nice -n "${NICE:-0}" "$@"; }
+if [[ -n ${NICE:-} && -w /proc/self/autogroup ]]; then echo "$NICE" >/proc/self/autogroup 2>/dev/null || true; fi
 for knob in EPISODES PART RECORDERS STEPS WORKERS EVAL_EPISODES PAIRED; do
     [[ ${!knob} =~ ^[1-9][0-9]*$ ]] || { echo "$knob=${!knob}: give a positive whole number" >&2; exit 2; }
 done
@@ -86,10 +89,11 @@ train() {
     # from the shipped scene-1 weights; the statistics are scene 4's own (its targets reach past scene 1's bounds)
     # stage 2: first chunks only, 16 a step (the one place where only the words and the images say where to reach:
     # after stage 1, reach_check's chunk 1 was no better than a constant answer), from stage 1 with its statistics
-    local datasets=() out common
+    local datasets=() paired=() out i opts common
     for out in $(parts); do datasets+=(--dataset "$out"); done
-    common=("${datasets[@]}" --num-workers "$WORKERS" --cpu-threads 1 --action-bounds min_max
+    opts=(--num-workers "$WORKERS" --cpu-threads 1 --action-bounds min_max
         --action-loss-weight 10 --cache-encodings --start-stride 96 --save-every 100 --log-every 1)
+    common=("${datasets[@]}" "${opts[@]}")
     # a stage whose last checkpoint is written is skipped (resuming it would load every episode to end at once)
     done_at stage1 "$STEPS" ||
     run "$BIN/dreamzero-train" "${common[@]}" --out "$RUN/stage1" --init dreamzero/assets/models/small-scene1 \
@@ -104,6 +108,15 @@ train() {
     run "$BIN/dreamzero-train" "${common[@]}" --out "$RUN/stage3" --init "$(last_checkpoint stage2)" \
         --metadata "$(last_checkpoint stage1)/experiment_cfg/metadata.json" \
         --steps 4000 --stop-at 1300 --batch-size 16 --blocks 1 --lr 5e-4 --warmup-steps 20
+    # stage 4: the paired layouts (record-paired: one layout, four instructions, so only the words tell the targets
+    # apart) drawn as often as all the parts together (weight 2 each against the default 1 of each of the eight parts); first
+    # chunks, from stage 3 (which had learnt the parts' layouts by heart)
+    [[ -e $RUN/demos/paired-3/meta/info.json ]] || { echo "no paired layouts: run '$0 record-paired' first" >&2; exit 2; }
+    for i in 0 1 2 3; do paired+=(--dataset "$RUN/demos/paired-$i:2"); done
+    done_at stage4 1500 ||
+    run "$BIN/dreamzero-train" "${datasets[@]}" "${paired[@]}" "${opts[@]}" --out "$RUN/stage4" \
+        --init "$(last_checkpoint stage3)" --metadata "$(last_checkpoint stage1)/experiment_cfg/metadata.json" \
+        --steps 1500 --batch-size 16 --blocks 1 --lr 5e-4 --warmup-steps 20
 }
 
 done_at() {
@@ -120,7 +133,7 @@ evaluate() {
     # last stage trained) picks the checkpoint
     local ckpt port=${PORT:-8000} log="$RUN/serve.log" stage=${EVAL_STAGE:-}
     if [[ -z $stage ]]; then
-        for stage in stage3 stage2 stage1; do [[ -f $RUN/$stage/latest ]] && break; done
+        for stage in stage4 stage3 stage2 stage1; do [[ -f $RUN/$stage/latest ]] && break; done
     fi
     ckpt=$(last_checkpoint "$stage")
     sed -e "s/^  port: 8000$/  port: $port/" -e "s#model_path: .*#model_path: $PWD/$ckpt#" serve_config.yaml \
