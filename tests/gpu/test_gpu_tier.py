@@ -90,6 +90,8 @@ TWO_STEPS = {"num_inference_steps": 2, "dit_step_mask": [True, False], "dynamic_
 SERVE_CONFIG = Path(os.environ.get("GPU_CHECK_SERVE_CONFIG") or ROOT / "serve_config.yaml")
 NO_RAY = "Ray is not installed (the rehearsal's serve step covers it)"
 REHEARSAL_NOTE = "CPU rehearsal: not a GPU figure"
+#: rounds of the serve-run admission test whose newcomer may miss the first call's run (load-dependent timing)
+ROUNDS = 6
 
 
 def _note(*parts: str) -> str:
@@ -786,7 +788,7 @@ def test_serve_run_admits_sessions_until_the_budget_is_full_then_503(tmp_path):
     admitted session has a call in flight or queued (sessions that are idle are evicted for a newcomer, by design), a
     new session gets 503 with Retry-After naming sessions.max_bytes and the others continue (step + 1, not
     restarted). The newcomer must reach the policy while the first call runs (a few hundred ms here): a round whose
-    timing missed that is retried with new sessions, at most three times."""
+    timing missed that is retried with new sessions, at most six times (three missed once in CI, 2026-12-07)."""
     _require_ray()
     import httpx
 
@@ -817,13 +819,14 @@ def test_serve_run_admits_sessions_until_the_budget_is_full_then_503(tmp_path):
                 assert (entry["max_batch_rows"], budget) == (predicted.rows, predicted.budget), entry
             fit = budget // peak
             assert fit >= 2, f"the budget {budget} holds {fit} sessions of {peak} B"
-            for attempt in range(3):
+            for attempt in range(ROUNDS):
                 refused = _fill_then_refuse(client, server, [f"adm{attempt}-{i}" for i in range(fit)], attempt)
                 if refused:
                     break
             else:
                 pytest.fail(
-                    f"in 3 rounds the newcomer never reached the policy while the others were busy\n{server.log_tail()}"
+                    f"in {ROUNDS} rounds the newcomer never reached the policy while the others were busy\n"
+                    f"{server.log_tail()}"
                 )
     note = _note(f"serve run, {shipped['model_path']} on {device}, {attempt + 1} round(s)")
     record("sessions_admitted", fit, tier=TIER, preset=entry["config"], note=note)
